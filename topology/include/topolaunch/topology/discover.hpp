@@ -1,0 +1,43 @@
+// Building a NodeTopology: from the live machine (hwloc + sysfs, NVML dlopened when present)
+// or from an hwloc XML file (v1 or v2). After loading, both go through the same code path.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "topolaunch/topology/model.hpp"
+#include "topolaunch/topology/result.hpp"
+
+namespace topolaunch::topology {
+
+// Which NICs are HPC NICs for ranks, in NCCL_IB_HCA syntax: "mlx5_0,mlx5_3" (include, prefix
+// match), "=mlx5_0" (exact), "^mlx5_1,mlx5_2" / "^=mlx5_1" (exclude). Ports as ":1" are accepted.
+struct NicFilter {
+  std::vector<std::string> include;  // empty = all
+  std::vector<std::string> exclude;
+  bool exact = false;
+
+  static Result<NicFilter> parse(std::string_view nccl_ib_hca_syntax);
+  bool selects(std::string_view nic_name) const;
+};
+
+struct DiscoverOptions {
+  NicFilter nics;               // NICs not selected get role `excluded`
+  bool use_nvml = true;         // live only: dlopen libnvidia-ml.so.1 for NVLink/UUIDs
+  std::string hostname;         // override (e.g. the Slurm node name); "" = gethostname / XML
+};
+
+// Live discovery of this machine.
+Result<NodeTopology> discover_live(const DiscoverOptions& options = {});
+
+// From an hwloc XML file (v1 or v2). Rejects v3, empty, truncated or non-XML files and
+// directories with one clear line naming the file (exit code 2).
+Result<NodeTopology> load_xml_file(const std::string& path, const DiscoverOptions& options = {});
+Result<NodeTopology> load_xml_buffer(const std::string& xml, const std::string& name,
+                                     const DiscoverOptions& options = {});
+
+// Either of the above by file content: hwloc XML or our own NodeTopology JSON.
+Result<NodeTopology> load_topology_file(const std::string& path,
+                                        const DiscoverOptions& options = {});
+
+}  // namespace topolaunch::topology
