@@ -1,0 +1,91 @@
+// The wireup KV store: how agents and workers exchange small blobs (node topologies, NCCL unique
+// ids, UCX worker addresses, verbs QP blobs) before any fast transport exists.
+//
+// One interface, three backends:
+//   pmix  under `srun --mpi=pmix` (PMIx_Put/Commit/Fence/Get, PMIX_GLOBAL scope)
+//   pmi2  under `srun --mpi=pmi2` (PMI2_KVS_Put/Fence/Get; binary values are encoded and split)
+//   tcp   our own store (tcp_store.hpp), hosted by node 0's agent or a test
+//
+// The contract every backend keeps (the PMI model):
+//   - put() stages a value under a key; keys are job-global strings, so callers make them unique
+//     per rank themselves (see rank_key()).
+//   - commit() pushes staged puts out of the process; fence() is a barrier over all size() ranks
+//     that also commits. A value put by rank A is guaranteed visible to rank B only after A
+//     committed and both then took part in the same fence. (The TCP store happens to make
+//     committed values visible at once, and its get() waits for them; do not rely on that if the
+//     code must also run under PMIx/PMI2.)
+//   - get() blocks until the key exists or the timeout passes; values are binary-safe.
+//   - Every call that can wait takes a timeout; a dead peer makes fence() fail with an error that
+//     names the ranks that did not arrive (TCP) instead of hanging.
+//   - An object is used by one thread at a time.
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <map>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "topolaunch/topology/result.hpp"
+
+namespace topolaunch::wireup {
+
+using Bytes = std::vector<std::byte>;
+using Env = std::map<std::string, std::string>;
+using std::chrono::milliseconds;
+
+class KvStore {
+ public:
+  virtual ~KvStore() = default;
+
+  virtual int rank() const = 0;                  // 0 .. size()-1
+  virtual int size() const = 0;                  // participants of fence()
+  virtual std::string_view backend() const = 0;  // "tcp", "pmix" or "pmi2"
+
+  virtual Status put(std::string_view key, std::span<const std::byte> value) = 0;
+  virtual Status commit() = 0;
+  virtual Status fence(milliseconds timeout) = 0;
+  virtual Result<Bytes> get(std::string_view key, milliseconds timeout) = 0;
+
+  // Conveniences over the virtuals above.
+  Status put(std::string_view key, std::string_view text) {
+    return put(key, std::as_bytes(std::span(text.data(), text.size())));
+  }
+  Result<std::string> get_string(std::string_view key, milliseconds timeout) {
+    auto value = get(key, timeout);
+    if (!value) return value.error();
+    return std::string(reinterpret_cast<const char*>(value->data()), value->size());
+  }
+};
+
+// "name/rank": the conventional key for a per-rank value (e.g. rank_key("topo", 3) == "topo/3").
+inline std::string rank_key(std::string_view name, int rank) {
+  return std::string(name) + "/" + std::to_string(rank);
+}
+
+// Which backend connect_from_env() picks, in this order:
+//   1. TOPOLAUNCH_WIREUP=tcp|pmix|pmi2 forces one (anything else is an error).
+//   2. TOPOLAUNCH_STORE_ADDR=host:port -> tcp, with TOPOLAUNCH_STORE_SECRET and the rank/size from
+//      TOPOLAUNCH_RANK/TOPOLAUNCH_WORLD_SIZE, else RANK/WORLD_SIZE. Checked before PMIx/PMI2 on
+//      purpose: workers started by an agent that runs under srun inherit the agent's PMIX_* and
+//      PMI_* variables, which describe the agent, not the worker.
+//   3. PMIX_RANK + PMIX_NAMESPACE -> pmix.
+//   4. PMI_FD or PMI_RANK -> pmi2.
+// A backend that was not compiled in is an error that says so (never a silent fallback).
+enum class Backend { tcp, pmix, pmi2 };
+Result<Backend> choose_backend(const Env& env);
+
+// Connects (TCP: retries until connect_timeout, so workers may start before the server is up).
+Result<std::unique_ptr<KvStore>> connect_from_env(
+    const Env& env, milliseconds connect_timeout = milliseconds(30000));
+
+// The process environment as an Env (environ), for the call above.
+Env current_environment();
+
+// Backends compiled into this build, e.g. {"tcp", "pmix", "pmi2"}.
+std::vector<std::string> compiled_backends();
+
+}  // namespace topolaunch::wireup
