@@ -2,8 +2,8 @@
 //
 // A HostCommunicator connects every rank to every other rank with UCX endpoints in
 // peer-failure mode (UCP_ERR_HANDLING_MODE_PEER), after exchanging worker addresses through a
-// Store. A dead peer fails the running collective with an error naming that rank instead of
-// hanging (keepalive is short; see options). All operations are blocking, in place, and must be
+// wireup::KvStore. A dead peer fails the running collective with an error naming that rank instead
+// of hanging (keepalive is short; see options). All operations are blocking, in place, and must be
 // called by every rank in the same order.
 #pragma once
 
@@ -13,8 +13,8 @@
 #include <memory>
 #include <string>
 
-#include "topolaunch/rdma/store.hpp"
 #include "topolaunch/topology/result.hpp"
+#include "topolaunch/wireup/kv_store.hpp"
 
 namespace topolaunch::rdma {
 
@@ -38,8 +38,10 @@ struct CommunicatorOptions {
 
 class HostCommunicator {
  public:
-  // Collective: every rank of `store` calls it with the same options.
-  static Result<HostCommunicator> create(Store& store, const CommunicatorOptions& options = {});
+  // Collective: every rank of `store` (rank() and size() give this rank and the world) calls it
+  // with the same options. The store is used only during create().
+  static Result<HostCommunicator> create(wireup::KvStore& store,
+                                         const CommunicatorOptions& options = {});
 
   HostCommunicator(HostCommunicator&&) noexcept;
   HostCommunicator& operator=(HostCommunicator&&) noexcept;
