@@ -1,0 +1,161 @@
+// The static training graph: tensors (shape, dtype, role) and ops in execution order (a DAG whose
+// order is already a valid schedule). Builders make the forward graph of a GPT-2-family model or
+// an MLP; autodiff appends the backward from per-op gradient rules; the optimizer (global-norm
+// clipping + AdamW) is appended as ops too, so one op list is the whole training step and every
+// backend (CPU now, CUDA later) executes the same list over the same arena offsets.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "topolaunch/topology/result.hpp"
+
+namespace topolaunch::kernels {
+
+enum class DType : std::uint8_t { f32, f64, bf16, i32 };
+std::size_t dtype_bytes(DType dtype);
+std::string_view dtype_name(DType dtype);
+
+// Role decides where a tensor lives in the arena: parameters, gradients and optimizer state are
+// persistent (whole-step lifetime); activations, inputs and workspace are planned by liveness.
+enum class Role : std::uint8_t {
+  parameter,
+  gradient,
+  optimizer_state,
+  activation,
+  input,
+  workspace
+};
+std::string_view role_name(Role role);
+
+using TensorId = std::int32_t;
+inline constexpr TensorId kNoTensor = -1;
+
+struct Tensor {
+  std::string name;
+  std::vector<std::int64_t> shape;
+  DType dtype = DType::f32;
+  Role role = Role::activation;
+  bool decayed = false;       // parameters: AdamW weight decay applies (matrices only)
+  TensorId grad = kNoTensor;  // parameter or activation -> its gradient, once autodiff ran
+
+  std::int64_t elements() const;
+  std::size_t bytes() const { return static_cast<std::size_t>(elements()) * dtype_bytes(dtype); }
+};
+
+// Operand conventions (inputs -> outputs); N = rows (B*T), C = channels. Backward ops ACCUMULATE
+// (+=) into their gradient outputs (llm.c convention, needed for tied weights and residual
+// fan-out); autodiff inserts a `zero` before each gradient's first contribution. Exceptions that
+// overwrite: crossentropy_backward (dlogits may alias logits in place).
+enum class OpKind : std::uint8_t {
+  encoder_forward,             // {tokens(B,T) i32, wte(V,C), [wpe(maxT,C)]} -> {x(B,T,C)}
+  encoder_backward,            // {dx, tokens} -> {dwte, [dwpe]}
+  layernorm_forward,           // {x(N,C), w(C), b(C)} -> {y(N,C), mean(N), rstd(N)}
+  layernorm_backward,          // {dy, x, w, mean, rstd} -> {dx, dw, db}
+  residual_layernorm_forward,  // fused: {a, b, w, bias} -> {s=a+b, y=ln(s), mean, rstd}
+  matmul_forward,              // {x(N,C), w(OC,C), [bias(OC)]} -> {y(N,OC)}
+  matmul_backward,             // {dy, x, w} -> {dx, dw, [dbias]}
+  attention_forward,           // causal, not materialised: {qkv(B,T,3C)} -> {y(B,T,C), lse(B,NH,T)}
+  attention_backward,          // {dy, qkv, y, lse} -> {dqkv}
+  gelu_forward,                // tanh approximation: {x} -> {y}
+  gelu_backward,               // {dy, x} -> {dx}
+  residual_forward,            // {a, b} -> {y = a + b}
+  residual_backward,           // {dy} -> {da, db}
+  crossentropy_forward,   // softmax + CE over the first `vocab` of Vp: {logits(B,T,Vp), targets} ->
+                          // {losses(B,T)}
+  crossentropy_backward,  // {logits, targets, scalars} -> {dlogits} (overwrites; scale =
+                          // scalars[loss_scale])
+  zero,                   // {} -> {t...}
+  global_norm,            // {grads...} -> {norm(1)}
+  adamw,                  // {grad, norm, scalars} -> {param, m, v}
+  all_reduce,             // sum over ranks, in place: {grads of one bucket} -> {same}
+};
+std::string_view op_name(OpKind kind);
+
+enum class Phase : std::uint8_t { forward, backward, recompute, optimizer, communication };
+std::string_view phase_name(Phase phase);
+
+struct Op {
+  OpKind kind = OpKind::zero;
+  Phase phase = Phase::forward;
+  std::string name = {};
+  std::vector<TensorId> inputs = {};
+  std::vector<TensorId> outputs = {};
+  std::int64_t num_heads = 0;      // attention
+  std::int64_t vocab = 0;          // crossentropy: real vocabulary (logits are padded to Vp)
+  int bucket = -1;                 // all_reduce: communication bucket index
+  TensorId workspace = kNoTensor;  // scratch live only during this op (attention score rows)
+};
+
+// Per-step scalars live in the arena (a CUDA Graph replays pointers, not values).
+enum ScalarSlot : int {
+  kLearningRate = 0,
+  kBeta1,
+  kBeta2,
+  kEpsilon,
+  kWeightDecay,
+  kStep,       // AdamW step t (1-based) for bias correction
+  kGradClip,   // max global norm; <= 0 disables clipping
+  kLossScale,  // d(loss)/d(per-token loss): 1 / (tokens per optimizer step over all ranks)
+  kNumScalars
+};
+
+struct Precision {
+  DType param = DType::f32;       // parameters and their gradients
+  DType activation = DType::f32;  // activations and activation gradients
+  DType optimizer = DType::f32;   // AdamW m, v (and the master copy when param is not fp32)
+};
+
+struct Graph {
+  std::vector<Tensor> tensors;
+  std::vector<Op> ops;
+  std::vector<TensorId> params;  // in creation order
+  TensorId tokens = kNoTensor;   // (B,T) i32 input
+  TensorId targets = kNoTensor;  // (B,T) i32 input
+  TensorId losses = kNoTensor;   // (B,T) per-token loss
+  TensorId scalars = kNoTensor;  // kNumScalars
+  TensorId grad_norm = kNoTensor;
+  std::int64_t batch = 0, seq_len = 0, vocab = 0;
+  Precision precision;
+
+  TensorId add_tensor(std::string name, std::vector<std::int64_t> shape, DType dtype, Role role);
+  void add_op(Op op) { ops.push_back(std::move(op)); }
+  const Tensor& operator[](TensorId id) const { return tensors[static_cast<std::size_t>(id)]; }
+  Tensor& operator[](TensorId id) { return tensors[static_cast<std::size_t>(id)]; }
+  std::size_t parameter_count() const;  // elements
+};
+
+struct GptConfig {
+  std::int64_t n_layer = 2, n_embd = 64, n_head = 4;
+  std::int64_t block_size = 64;  // max context (wpe rows)
+  std::int64_t vocab_size = 65;
+  std::int64_t padded_vocab = 0;  // 0: round vocab up to a multiple of 64 (llm.c pads to 128*k)
+  std::int64_t batch = 4, seq_len = 64;
+};
+
+// A bigram-style MLP over tokens: embedding -> [matmul + gelu]* -> matmul to vocab -> CE.
+struct MlpConfig {
+  std::int64_t vocab_size = 65, n_embd = 32;
+  std::vector<std::int64_t> hidden = {64};
+  std::int64_t batch = 4, seq_len = 16;
+};
+
+Status validate(const GptConfig& config);
+Status validate(const MlpConfig& config);
+Graph build_gpt2(const GptConfig& config, const Precision& precision = {});
+Graph build_mlp(const MlpConfig& config, const Precision& precision = {});
+
+// Appends the backward graph (seeded by crossentropy_backward with scalars[kLossScale]) and gives
+// every parameter a gradient tensor (Role::gradient).
+void append_backward(Graph& graph);
+// Appends global_norm (when clipping is wanted it reads scalars[kGradClip] at run time) and one
+// adamw op per parameter; m and v (and a master copy when params are not fp32) are optimizer state.
+void append_optimizer(Graph& graph);
+
+// Floating-point work of one op (multiply-add = 2), the cost model of rematerialisation.
+double op_flops(const Graph& graph, const Op& op);
+
+}  // namespace topolaunch::kernels

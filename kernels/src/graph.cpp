@@ -1,0 +1,503 @@
+// Graph IR basics, the GPT-2 / MLP builders, autodiff from per-op gradient rules, the optimizer
+// ops.
+#include "topolaunch/kernels/graph.hpp"
+
+#include <map>
+#include <stdexcept>
+
+namespace topolaunch::kernels {
+
+std::size_t dtype_bytes(DType dtype) {
+  switch (dtype) {
+    case DType::f32:
+      return 4;
+    case DType::f64:
+      return 8;
+    case DType::bf16:
+      return 2;
+    case DType::i32:
+      return 4;
+  }
+  return 0;
+}
+
+std::string_view dtype_name(DType dtype) {
+  switch (dtype) {
+    case DType::f32:
+      return "f32";
+    case DType::f64:
+      return "f64";
+    case DType::bf16:
+      return "bf16";
+    case DType::i32:
+      return "i32";
+  }
+  return "?";
+}
+
+std::string_view role_name(Role role) {
+  switch (role) {
+    case Role::parameter:
+      return "parameter";
+    case Role::gradient:
+      return "gradient";
+    case Role::optimizer_state:
+      return "optimizer";
+    case Role::activation:
+      return "activation";
+    case Role::input:
+      return "input";
+    case Role::workspace:
+      return "workspace";
+  }
+  return "?";
+}
+
+std::string_view op_name(OpKind kind) {
+  switch (kind) {
+    case OpKind::encoder_forward:
+      return "encoder_forward";
+    case OpKind::encoder_backward:
+      return "encoder_backward";
+    case OpKind::layernorm_forward:
+      return "layernorm_forward";
+    case OpKind::layernorm_backward:
+      return "layernorm_backward";
+    case OpKind::residual_layernorm_forward:
+      return "residual_layernorm_forward";
+    case OpKind::matmul_forward:
+      return "matmul_forward";
+    case OpKind::matmul_backward:
+      return "matmul_backward";
+    case OpKind::attention_forward:
+      return "attention_forward";
+    case OpKind::attention_backward:
+      return "attention_backward";
+    case OpKind::gelu_forward:
+      return "gelu_forward";
+    case OpKind::gelu_backward:
+      return "gelu_backward";
+    case OpKind::residual_forward:
+      return "residual_forward";
+    case OpKind::residual_backward:
+      return "residual_backward";
+    case OpKind::crossentropy_forward:
+      return "crossentropy_forward";
+    case OpKind::crossentropy_backward:
+      return "crossentropy_backward";
+    case OpKind::zero:
+      return "zero";
+    case OpKind::global_norm:
+      return "global_norm";
+    case OpKind::adamw:
+      return "adamw";
+    case OpKind::all_reduce:
+      return "all_reduce";
+  }
+  return "?";
+}
+
+std::string_view phase_name(Phase phase) {
+  switch (phase) {
+    case Phase::forward:
+      return "forward";
+    case Phase::backward:
+      return "backward";
+    case Phase::recompute:
+      return "recompute";
+    case Phase::optimizer:
+      return "optimizer";
+    case Phase::communication:
+      return "communication";
+  }
+  return "?";
+}
+
+std::int64_t Tensor::elements() const {
+  std::int64_t n = 1;
+  for (auto d : shape) n *= d;
+  return n;
+}
+
+TensorId Graph::add_tensor(std::string name, std::vector<std::int64_t> shape, DType dtype,
+                           Role role) {
+  Tensor t;
+  t.name = std::move(name);
+  t.shape = std::move(shape);
+  t.dtype = dtype;
+  t.role = role;
+  tensors.push_back(std::move(t));
+  return static_cast<TensorId>(tensors.size() - 1);
+}
+
+std::size_t Graph::parameter_count() const {
+  std::size_t n = 0;
+  for (auto p : params) n += static_cast<std::size_t>((*this)[p].elements());
+  return n;
+}
+
+Status validate(const GptConfig& c) {
+  auto positive = [](std::int64_t v, const char* key) -> Status {
+    if (v <= 0)
+      return make_error(std::string("model.") + key + ": must be a positive integer, got " +
+                        std::to_string(v));
+    return ok_status();
+  };
+  for (auto [v, key] : {std::pair{c.n_layer, "n_layer"},
+                        {c.n_embd, "n_embd"},
+                        {c.n_head, "n_head"},
+                        {c.block_size, "block_size"},
+                        {c.vocab_size, "vocab_size"},
+                        {c.batch, "batch"},
+                        {c.seq_len, "seq_len"}}) {
+    if (auto s = positive(v, key); !s) return s;
+  }
+  if (c.n_embd % c.n_head != 0)
+    return make_error("model.n_embd: " + std::to_string(c.n_embd) +
+                      " is not divisible by model.n_head = " + std::to_string(c.n_head) +
+                      " (choose n_embd as a multiple of n_head)");
+  if (c.seq_len > c.block_size)
+    return make_error("train.seq_len: " + std::to_string(c.seq_len) +
+                      " exceeds model.block_size = " + std::to_string(c.block_size));
+  if (c.padded_vocab != 0 && c.padded_vocab < c.vocab_size)
+    return make_error("model.padded_vocab: smaller than model.vocab_size");
+  return ok_status();
+}
+
+Status validate(const MlpConfig& c) {
+  if (c.vocab_size <= 0 || c.n_embd <= 0 || c.batch <= 0 || c.seq_len <= 0)
+    return make_error("model: mlp vocab_size, n_embd, batch and seq_len must be positive");
+  for (auto h : c.hidden)
+    if (h <= 0) return make_error("model.hidden: every layer width must be positive");
+  return ok_status();
+}
+
+namespace {
+
+struct Builder {
+  Graph& g;
+  TensorId param(const std::string& name, std::vector<std::int64_t> shape, bool decayed) {
+    TensorId id = g.add_tensor(name, std::move(shape), g.precision.param, Role::parameter);
+    g[id].decayed = decayed;
+    g.params.push_back(id);
+    return id;
+  }
+  TensorId act(const std::string& name, std::vector<std::int64_t> shape) {
+    return g.add_tensor(name, std::move(shape), g.precision.activation, Role::activation);
+  }
+  void op(OpKind kind, const std::string& name, std::vector<TensorId> in,
+          std::vector<TensorId> out) {
+    Op o{kind};
+    o.name = name;
+    o.inputs = std::move(in);
+    o.outputs = std::move(out);
+    g.add_op(std::move(o));
+  }
+  void inputs_and_scalars(std::int64_t B, std::int64_t T) {
+    g.tokens = g.add_tensor("tokens", {B, T}, DType::i32, Role::input);
+    g.targets = g.add_tensor("targets", {B, T}, DType::i32, Role::input);
+    g.scalars = g.add_tensor("scalars", {kNumScalars}, g.precision.optimizer, Role::input);
+  }
+  void classifier(TensorId logits, std::int64_t B, std::int64_t T, std::int64_t V) {
+    g.losses = act("losses", {B, T});
+    Op o{OpKind::crossentropy_forward};
+    o.name = "crossentropy";
+    o.inputs = {logits, g.targets};
+    o.outputs = {g.losses};
+    o.vocab = V;
+    g.add_op(std::move(o));
+  }
+};
+
+}  // namespace
+
+Graph build_gpt2(const GptConfig& c, const Precision& precision) {
+  Graph g;
+  g.precision = precision;
+  Builder b{g};
+  const std::int64_t B = c.batch, T = c.seq_len, C = c.n_embd, L = c.n_layer;
+  const std::int64_t Vp = c.padded_vocab ? c.padded_vocab : (c.vocab_size + 63) / 64 * 64;
+  g.batch = B;
+  g.seq_len = T;
+  g.vocab = c.vocab_size;
+  b.inputs_and_scalars(B, T);
+  TensorId wte = b.param("wte", {Vp, C}, true);
+  TensorId wpe = b.param("wpe", {c.block_size, C}, true);
+  TensorId x = b.act("encoded", {B, T, C});
+  b.op(OpKind::encoder_forward, "encoder", {g.tokens, wte, wpe}, {x});
+  for (std::int64_t l = 0; l < L; ++l) {
+    const std::string p = "h" + std::to_string(l) + ".";
+    TensorId ln1w = b.param(p + "ln1w", {C}, false), ln1b = b.param(p + "ln1b", {C}, false);
+    TensorId qkvw = b.param(p + "qkvw", {3 * C, C}, true),
+             qkvb = b.param(p + "qkvb", {3 * C}, false);
+    TensorId attprojw = b.param(p + "attprojw", {C, C}, true),
+             attprojb = b.param(p + "attprojb", {C}, false);
+    TensorId ln2w = b.param(p + "ln2w", {C}, false), ln2b = b.param(p + "ln2b", {C}, false);
+    TensorId fcw = b.param(p + "fcw", {4 * C, C}, true), fcb = b.param(p + "fcb", {4 * C}, false);
+    TensorId fcprojw = b.param(p + "fcprojw", {C, 4 * C}, true),
+             fcprojb = b.param(p + "fcprojb", {C}, false);
+
+    TensorId ln1 = b.act(p + "ln1", {B, T, C}), ln1m = b.act(p + "ln1_mean", {B * T}),
+             ln1r = b.act(p + "ln1_rstd", {B * T});
+    b.op(OpKind::layernorm_forward, p + "ln1", {x, ln1w, ln1b}, {ln1, ln1m, ln1r});
+    TensorId qkv = b.act(p + "qkv", {B, T, 3 * C});
+    b.op(OpKind::matmul_forward, p + "qkv", {ln1, qkvw, qkvb}, {qkv});
+    TensorId atty = b.act(p + "atty", {B, T, C}), lse = b.act(p + "att_lse", {B, c.n_head, T});
+    Op att{OpKind::attention_forward};
+    att.name = p + "attention";
+    att.inputs = {qkv};
+    att.outputs = {atty, lse};
+    att.num_heads = c.n_head;
+    att.workspace =
+        g.add_tensor(p + "att_scratch", {B * c.n_head, T}, g.precision.activation, Role::workspace);
+    g.add_op(std::move(att));
+    TensorId attproj = b.act(p + "attproj", {B, T, C});
+    b.op(OpKind::matmul_forward, p + "attproj", {atty, attprojw, attprojb}, {attproj});
+    TensorId res2 = b.act(p + "residual2", {B, T, C});
+    b.op(OpKind::residual_forward, p + "residual2", {x, attproj}, {res2});
+    TensorId ln2 = b.act(p + "ln2", {B, T, C}), ln2m = b.act(p + "ln2_mean", {B * T}),
+             ln2r = b.act(p + "ln2_rstd", {B * T});
+    b.op(OpKind::layernorm_forward, p + "ln2", {res2, ln2w, ln2b}, {ln2, ln2m, ln2r});
+    TensorId fch = b.act(p + "fch", {B, T, 4 * C});
+    b.op(OpKind::matmul_forward, p + "fc", {ln2, fcw, fcb}, {fch});
+    TensorId fchg = b.act(p + "fch_gelu", {B, T, 4 * C});
+    b.op(OpKind::gelu_forward, p + "gelu", {fch}, {fchg});
+    TensorId fcproj = b.act(p + "fcproj", {B, T, C});
+    b.op(OpKind::matmul_forward, p + "fcproj", {fchg, fcprojw, fcprojb}, {fcproj});
+    TensorId res3 = b.act(p + "residual3", {B, T, C});
+    b.op(OpKind::residual_forward, p + "residual3", {res2, fcproj}, {res3});
+    x = res3;
+  }
+  TensorId lnfw = b.param("lnfw", {C}, false), lnfb = b.param("lnfb", {C}, false);
+  TensorId lnf = b.act("lnf", {B, T, C}), lnfm = b.act("lnf_mean", {B * T}),
+           lnfr = b.act("lnf_rstd", {B * T});
+  b.op(OpKind::layernorm_forward, "lnf", {x, lnfw, lnfb}, {lnf, lnfm, lnfr});
+  TensorId logits = b.act("logits", {B, T, Vp});
+  b.op(OpKind::matmul_forward, "lm_head", {lnf, wte}, {logits});  // tied: the head reuses wte
+  b.classifier(logits, B, T, c.vocab_size);
+  return g;
+}
+
+Graph build_mlp(const MlpConfig& c, const Precision& precision) {
+  Graph g;
+  g.precision = precision;
+  Builder b{g};
+  const std::int64_t B = c.batch, T = c.seq_len;
+  const std::int64_t Vp = (c.vocab_size + 63) / 64 * 64;
+  g.batch = B;
+  g.seq_len = T;
+  g.vocab = c.vocab_size;
+  b.inputs_and_scalars(B, T);
+  TensorId wte = b.param("wte", {c.vocab_size, c.n_embd}, true);
+  TensorId x = b.act("embedded", {B, T, c.n_embd});
+  b.op(OpKind::encoder_forward, "embedding", {g.tokens, wte}, {x});
+  std::int64_t width = c.n_embd;
+  for (std::size_t i = 0; i < c.hidden.size(); ++i) {
+    const std::string p = "fc" + std::to_string(i);
+    TensorId w = b.param(p + ".w", {c.hidden[i], width}, true),
+             bias = b.param(p + ".b", {c.hidden[i]}, false);
+    TensorId h = b.act(p, {B, T, c.hidden[i]});
+    b.op(OpKind::matmul_forward, p, {x, w, bias}, {h});
+    TensorId a = b.act(p + "_gelu", {B, T, c.hidden[i]});
+    b.op(OpKind::gelu_forward, p + ".gelu", {h}, {a});
+    x = a;
+    width = c.hidden[i];
+  }
+  TensorId w = b.param("head.w", {Vp, width}, true), bias = b.param("head.b", {Vp}, false);
+  TensorId logits = b.act("logits", {B, T, Vp});
+  b.op(OpKind::matmul_forward, "head", {x, w, bias}, {logits});
+  b.classifier(logits, B, T, c.vocab_size);
+  return g;
+}
+
+namespace {
+
+// Autodiff state: the gradient tensor of each forward tensor, created on first contribution.
+struct Autodiff {
+  Graph& g;
+  std::vector<Op> pending;  // zero ops that must precede the op being emitted
+
+  TensorId grad_of(TensorId t) {
+    Tensor& tensor = g[t];
+    if (tensor.grad != kNoTensor) return tensor.grad;
+    const bool is_param = tensor.role == Role::parameter;
+    TensorId d = g.add_tensor("d" + tensor.name, tensor.shape, tensor.dtype,
+                              is_param ? Role::gradient : Role::activation);
+    g[t].grad = d;
+    // Parameter gradients are zero at step start (the optimizer re-zeroes them); activation
+    // gradients are zeroed just before their first (accumulating) contribution.
+    if (!is_param) {
+      Op z{OpKind::zero, Phase::backward, "zero d" + g[t].name, {}, {d}};
+      pending.push_back(std::move(z));
+    }
+    return d;
+  }
+  void emit(Op op) {
+    op.phase = Phase::backward;
+    for (auto& z : pending) g.add_op(std::move(z));
+    pending.clear();
+    g.add_op(std::move(op));
+  }
+};
+
+}  // namespace
+
+void append_backward(Graph& g) {
+  Autodiff ad{g, {}};
+  const std::size_t n_forward = g.ops.size();
+  for (std::size_t i = n_forward; i-- > 0;) {
+    const Op f = g.ops[i];  // copy: emitting appends to g.ops
+    if (f.phase != Phase::forward) continue;
+    auto has_grad = [&](TensorId t) { return g[t].grad != kNoTensor; };
+    Op b{OpKind::zero};
+    b.name = f.name;
+    switch (f.kind) {
+      case OpKind::crossentropy_forward: {
+        TensorId logits = f.inputs[0];
+        TensorId dlogits =
+            g.add_tensor("d" + g[logits].name, g[logits].shape, g[logits].dtype, Role::activation);
+        g[logits].grad = dlogits;
+        b.kind = OpKind::crossentropy_backward;
+        b.inputs = {logits, f.inputs[1], g.scalars};
+        b.outputs = {dlogits};
+        b.vocab = f.vocab;
+        break;
+      }
+      case OpKind::encoder_forward: {
+        if (!has_grad(f.outputs[0])) continue;
+        b.kind = OpKind::encoder_backward;
+        b.inputs = {g[f.outputs[0]].grad, f.inputs[0]};
+        for (std::size_t k = 1; k < f.inputs.size(); ++k)
+          b.outputs.push_back(ad.grad_of(f.inputs[k]));
+        break;
+      }
+      case OpKind::layernorm_forward: {
+        if (!has_grad(f.outputs[0])) continue;
+        b.kind = OpKind::layernorm_backward;
+        b.inputs = {g[f.outputs[0]].grad, f.inputs[0], f.inputs[1], f.outputs[1], f.outputs[2]};
+        b.outputs = {ad.grad_of(f.inputs[0]), ad.grad_of(f.inputs[1]), ad.grad_of(f.inputs[2])};
+        break;
+      }
+      case OpKind::matmul_forward: {
+        if (!has_grad(f.outputs[0])) continue;
+        b.kind = OpKind::matmul_backward;
+        b.inputs = {g[f.outputs[0]].grad, f.inputs[0], f.inputs[1]};
+        b.outputs = {ad.grad_of(f.inputs[0]), ad.grad_of(f.inputs[1])};
+        if (f.inputs.size() > 2) b.outputs.push_back(ad.grad_of(f.inputs[2]));
+        break;
+      }
+      case OpKind::attention_forward: {
+        if (!has_grad(f.outputs[0])) continue;
+        b.kind = OpKind::attention_backward;
+        b.inputs = {g[f.outputs[0]].grad, f.inputs[0], f.outputs[0], f.outputs[1]};
+        b.outputs = {ad.grad_of(f.inputs[0])};
+        b.num_heads = f.num_heads;
+        b.workspace = g.add_tensor(f.name + ".bwd_scratch", g[f.workspace].shape,
+                                   g[f.workspace].dtype, Role::workspace);
+        break;
+      }
+      case OpKind::gelu_forward: {
+        if (!has_grad(f.outputs[0])) continue;
+        b.kind = OpKind::gelu_backward;
+        b.inputs = {g[f.outputs[0]].grad, f.inputs[0]};
+        b.outputs = {ad.grad_of(f.inputs[0])};
+        break;
+      }
+      case OpKind::residual_forward: {
+        if (!has_grad(f.outputs[0])) continue;
+        b.kind = OpKind::residual_backward;
+        b.inputs = {g[f.outputs[0]].grad};
+        b.outputs = {ad.grad_of(f.inputs[0]), ad.grad_of(f.inputs[1])};
+        break;
+      }
+      default:
+        throw std::logic_error("append_backward: no gradient rule for " +
+                               std::string(op_name(f.kind)) + " (run fusion after autodiff)");
+    }
+    ad.emit(std::move(b));
+  }
+}
+
+void append_optimizer(Graph& g) {
+  std::vector<TensorId> grads;
+  for (auto p : g.params) grads.push_back(g[p].grad);
+  g.grad_norm = g.add_tensor("grad_norm", {1}, g.precision.optimizer, Role::optimizer_state);
+  g.add_op(Op{OpKind::global_norm, Phase::optimizer, "global_norm", grads, {g.grad_norm}});
+  for (auto p : g.params) {
+    const Tensor param = g[p];
+    TensorId m =
+        g.add_tensor(param.name + ".m", param.shape, g.precision.optimizer, Role::optimizer_state);
+    TensorId v =
+        g.add_tensor(param.name + ".v", param.shape, g.precision.optimizer, Role::optimizer_state);
+    Op o{OpKind::adamw,
+         Phase::optimizer,
+         "adamw " + param.name,
+         {param.grad, g.grad_norm, g.scalars},
+         {p, m, v}};
+    if (param.dtype != g.precision.optimizer) {
+      // Low-precision parameters keep an fp32 master copy (llm.c `-w 1`).
+      o.outputs.push_back(g.add_tensor(param.name + ".master", param.shape, g.precision.optimizer,
+                                       Role::optimizer_state));
+    }
+    g.add_op(std::move(o));
+  }
+  // Gradients are zero at the start of every step (accumulation over micro-steps adds into them).
+  g.add_op(Op{OpKind::zero, Phase::optimizer, "zero grads", {}, grads});
+}
+
+double op_flops(const Graph& g, const Op& op) {
+  auto el = [&](TensorId t) { return static_cast<double>(g[t].elements()); };
+  switch (op.kind) {
+    case OpKind::matmul_forward: {
+      const auto& w = g[op.inputs[1]].shape;
+      return 2.0 * el(op.outputs[0]) * static_cast<double>(w[1]);
+    }
+    case OpKind::matmul_backward: {
+      const auto& w = g[op.inputs[2]].shape;
+      return 4.0 * el(op.inputs[0]) * static_cast<double>(w[1]);
+    }
+    case OpKind::attention_forward:
+    case OpKind::attention_backward: {
+      const auto& s = g[op.inputs[op.kind == OpKind::attention_forward ? 0 : 1]].shape;  // (B,T,3C)
+      const double B = static_cast<double>(s[0]), T = static_cast<double>(s[1]),
+                   C = static_cast<double>(s[2]) / 3;
+      const double pairs =
+          B * T * (T + 1) / 2;  // causal (query, key) pairs summed over heads via C
+      return (op.kind == OpKind::attention_forward ? 4.0 : 10.0) * pairs * C;
+    }
+    case OpKind::layernorm_forward:
+    case OpKind::residual_layernorm_forward:
+      return 8.0 * el(op.outputs[op.outputs.size() == 4 ? 1 : 0]);
+    case OpKind::layernorm_backward:
+      return 12.0 * el(op.inputs[0]);
+    case OpKind::gelu_forward:
+      return 10.0 * el(op.inputs[0]);
+    case OpKind::gelu_backward:
+      return 20.0 * el(op.inputs[0]);
+    case OpKind::residual_forward:
+      return el(op.outputs[0]);
+    case OpKind::residual_backward:
+      return 2.0 * el(op.inputs[0]);
+    case OpKind::encoder_forward:
+    case OpKind::encoder_backward:
+      return 2.0 * el(op.inputs[0]) * (op.kind == OpKind::encoder_forward ? 0 : 1) +
+             el(op.kind == OpKind::encoder_forward ? op.outputs[0] : op.inputs[0]);
+    case OpKind::crossentropy_forward:
+      return 5.0 * el(op.inputs[0]);
+    case OpKind::crossentropy_backward:
+      return 5.0 * el(op.inputs[0]);
+    case OpKind::adamw:
+      return 12.0 * el(op.inputs[0]);
+    case OpKind::global_norm: {
+      double n = 0;
+      for (auto t : op.inputs) n += 2.0 * el(t);
+      return n;
+    }
+    case OpKind::zero:
+    case OpKind::all_reduce:
+      return 0.0;
+  }
+  return 0.0;
+}
+
+}  // namespace topolaunch::kernels
