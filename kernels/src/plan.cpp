@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <map>
 #include <set>
 
@@ -228,6 +229,23 @@ MemoryPlan plan_memory(const Graph& g, const std::vector<TensorId>& gradient_ord
   return mp;
 }
 
+namespace {
+
+// The op that recomputes tensor t: its producer, except that the normalised output of a fused
+// residual+layernorm is recomputed by a plain layernorm from the saved sum (the residual branch
+// inputs are dead by then; the sum is saved for the layernorm backward anyway).
+Op recompute_source(const Op& producer, TensorId t) {
+  if (producer.kind == OpKind::residual_layernorm_forward && t != producer.outputs[0]) {
+    Op ln{OpKind::layernorm_forward, Phase::forward, producer.name};
+    ln.inputs = {producer.outputs[0], producer.inputs[2], producer.inputs[3]};
+    ln.outputs = {producer.outputs[1], producer.outputs[2], producer.outputs[3]};
+    return ln;
+  }
+  return producer;
+}
+
+}  // namespace
+
 Graph apply_recompute(const Graph& base, const std::vector<TensorId>& recomputed) {
   Graph g = base;
   std::set<TensorId> S(recomputed.begin(), recomputed.end());
@@ -240,7 +258,7 @@ Graph apply_recompute(const Graph& base, const std::vector<TensorId>& recomputed
   ops.reserve(base.ops.size() + 2 * recomputed.size());
   auto ensure = [&](auto&& self, TensorId t) -> TensorId {
     if (auto it = copy.find(t); it != copy.end()) return it->second;
-    const Op& p = base.ops[producer.at(t)];
+    const Op p = recompute_source(base.ops[producer.at(t)], t);
     Op clone = p;
     clone.phase = Phase::recompute;
     clone.name = p.name + " (recompute)";
@@ -418,7 +436,7 @@ Result<Plan> compile_plan(Graph graph, const PlanOptions& opt) {
       if (tensor.role != Role::activation || t == graph.losses) continue;
       if (live[static_cast<std::size_t>(t)].last < first_backward)
         continue;  // not saved for backward
-      const Op& p = graph.ops[pi];
+      const Op p = recompute_source(graph.ops[pi], t);
       if (p.kind == OpKind::crossentropy_forward) continue;
       double freed = static_cast<double>(tensor.bytes());
       for (auto u : p.inputs) {
@@ -431,8 +449,8 @@ Result<Plan> compile_plan(Graph graph, const PlanOptions& opt) {
       cands.push_back({t, tensor.name, p.name, op_flops(graph, p), tensor.bytes()});
       largest = std::max(largest, tensor.bytes());
     }
-    std::erase_if(
-        cands, [&](const auto& c) { return c.bytes * 64 < largest; });  // mean/rstd etc. never pay
+    // mean/rstd and attention statistics never pay for a re-plan.
+    std::erase_if(cands, [&](const auto& c) { return c.bytes * 1024 < largest; });
     std::stable_sort(cands.begin(), cands.end(), [](const auto& a, const auto& b) {
       return a.flops / static_cast<double>(a.bytes) < b.flops / static_cast<double>(b.bytes);
     });
@@ -445,6 +463,9 @@ Result<Plan> compile_plan(Graph graph, const PlanOptions& opt) {
     for (const auto& c : fully_recomputed()) {
       S.push_back(c.tensor);
       Realized r = realize(S);
+      if (std::getenv("TOPOLAUNCH_PLAN_DEBUG"))
+        std::fprintf(stderr, "remat try %s: %zu -> %zu\n", c.tensor_name.c_str(),
+                     best.memory.arena_bytes, r.memory.arena_bytes);
       if (r.memory.arena_bytes < best.memory.arena_bytes) {
         best = std::move(r);
         chosen.push_back(c);

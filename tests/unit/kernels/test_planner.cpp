@@ -1,0 +1,217 @@
+// Passes and the static memory plan: fusion, liveness arena vs its lower bound, rematerialisation
+// under a budget (same numbers as without), refusals naming the smallest budget, gradient buckets.
+#include <algorithm>
+#include <cstring>
+#include <set>
+
+#include "catch.hpp"
+#include "topolaunch/kernels/cpu_backend.hpp"
+#include "topolaunch/kernels/rng.hpp"
+
+using namespace topolaunch::kernels;
+
+namespace {
+
+GptConfig small_gpt() {
+  GptConfig c;
+  c.n_layer = 3;
+  c.n_embd = 32;
+  c.n_head = 4;
+  c.block_size = 16;
+  c.vocab_size = 50;
+  c.batch = 4;
+  c.seq_len = 16;
+  return c;
+}
+
+Graph training_graph(const GptConfig& c) {
+  Graph g = build_gpt2(c);
+  append_backward(g);
+  append_optimizer(g);
+  return g;
+}
+
+// Losses over a few steps and the final parameters, for comparing plans bit for bit.
+std::vector<float> train(const Plan& plan, int steps, std::vector<float>* params_out = nullptr) {
+  CpuExecutor<float> ex(plan);
+  const Graph& g = ex.plan().graph;
+  ex.init_parameters(5);
+  NormalRng rng(9);
+  std::vector<float> losses;
+  for (int s = 1; s <= steps; ++s) {
+    for (std::int64_t i = 0; i < g[g.tokens].elements(); ++i) {
+      ex.ints(g.tokens)[i] = static_cast<std::int32_t>(rng.next_u64() % 50);
+      ex.ints(g.targets)[i] = static_cast<std::int32_t>(rng.next_u64() % 50);
+    }
+    ex.set_loss_scale(1.0 / static_cast<double>(g[g.losses].elements()));
+    REQUIRE(ex.run_forward_backward(nullptr).ok());
+    losses.push_back(static_cast<float>(ex.mean_loss()));
+    ex.run_optimizer(AdamWSettings{}, s);
+  }
+  if (params_out)
+    for (auto p : g.params)
+      for (float v : ex.values(p)) params_out->push_back(v);
+  return losses;
+}
+
+}  // namespace
+
+TEST_CASE("fusion turns residual+layernorm pairs into one op and leaves the numbers unchanged") {
+  PlanOptions fused, unfused;
+  unfused.fuse = false;
+  auto a = compile_plan(training_graph(small_gpt()), fused);
+  auto b = compile_plan(training_graph(small_gpt()), unfused);
+  REQUIRE(a.ok());
+  REQUIRE(b.ok());
+  CHECK(a->fused_pairs == 2 * 3);  // ln2 of every layer, ln1 of layers 1.., lnf
+  CHECK(a->graph.ops.size() + static_cast<std::size_t>(a->fused_pairs) == b->graph.ops.size());
+  std::vector<float> pa, pb;
+  CHECK(train(*a, 3, &pa) == train(*b, 3, &pb));
+  CHECK(pa == pb);
+}
+
+TEST_CASE(
+    "static plan: arena within 5% of the max-live lower bound, tensors that overlap in time never "
+    "share bytes") {
+  auto plan = compile_plan(training_graph(small_gpt()), PlanOptions{});
+  REQUIRE(plan.ok());
+  const auto& m = plan->memory;
+  CHECK(m.arena_bytes >= m.max_live_bytes);
+  CHECK(static_cast<double>(m.arena_bytes) <= 1.05 * static_cast<double>(m.max_live_bytes));
+  // Independent check of the offsets: any two planned tensors live at the same op are disjoint
+  // (the in-place dlogits/logits pair excepted).
+  const Graph& g = plan->graph;
+  std::vector<int> first(g.tensors.size(), -1), last(g.tensors.size(), -1);
+  for (int i = 0; i < static_cast<int>(g.ops.size()); ++i) {
+    const Op& op = g.ops[static_cast<std::size_t>(i)];
+    auto touch = [&](TensorId t) {
+      if (first[static_cast<std::size_t>(t)] < 0) first[static_cast<std::size_t>(t)] = i;
+      last[static_cast<std::size_t>(t)] = i;
+    };
+    for (auto t : op.inputs) touch(t);
+    for (auto t : op.outputs) touch(t);
+    if (op.workspace != kNoTensor) touch(op.workspace);
+  }
+  for (std::size_t a = 0; a < g.tensors.size(); ++a) {
+    if (m.offsets[a] == kNoOffset || first[a] < 0) continue;
+    for (std::size_t b = a + 1; b < g.tensors.size(); ++b) {
+      if (m.offsets[b] == kNoOffset || first[b] < 0) continue;
+      const bool input_a = g.tensors[a].role == Role::input,
+                 input_b = g.tensors[b].role == Role::input;
+      const bool overlap_time = input_a || input_b || (first[a] <= last[b] && first[b] <= last[a]);
+      const bool overlap_bytes = m.offsets[a] < m.offsets[b] + g.tensors[b].bytes() &&
+                                 m.offsets[b] < m.offsets[a] + g.tensors[a].bytes();
+      const bool inplace =
+          g.tensors[a].grad == static_cast<TensorId>(b) && g.tensors[a].name == "logits";
+      if (overlap_time && overlap_bytes && !inplace)
+        FAIL(g.tensors[a].name << " and " << g.tensors[b].name << " share bytes while both live");
+    }
+  }
+}
+
+TEST_CASE("rematerialisation under a budget: fits, reports extra compute, trains bit-identically") {
+  auto free_plan = compile_plan(training_graph(small_gpt()), PlanOptions{});
+  REQUIRE(free_plan.ok());
+  PlanOptions tight;
+  tight.memory_budget_bytes =
+      free_plan->memory.persistent_bytes + free_plan->memory.planned_bytes * 7 / 10;
+  auto plan = compile_plan(training_graph(small_gpt()), tight);
+  REQUIRE(plan.ok());
+  CHECK(plan->memory.arena_bytes <= tight.memory_budget_bytes);
+  CHECK(!plan->recompute.empty());
+  CHECK(plan->extra_flops > 0);
+  std::vector<float> pa, pb;
+  CHECK(train(*plan, 3, &pa) == train(*free_plan, 3, &pb));
+  CHECK(pa == pb);
+}
+
+TEST_CASE(
+    "a budget below params+grads+optimizer state is refused with the smallest budget that fits") {
+  auto free_plan = compile_plan(training_graph(small_gpt()), PlanOptions{});
+  REQUIRE(free_plan.ok());
+  PlanOptions tiny;
+  tiny.memory_budget_bytes = free_plan->memory.parameter_bytes;
+  auto refused = compile_plan(training_graph(small_gpt()), tiny);
+  REQUIRE_FALSE(refused.ok());
+  CHECK(refused.error().exit_code == 2);
+  CHECK_THAT(refused.error().message,
+             Catch::Contains("below the parameters, gradients and optimizer state"));
+  CHECK_THAT(refused.error().message, Catch::Contains("smallest budget"));
+}
+
+TEST_CASE(
+    "a budget rematerialisation cannot reach is refused with the smallest that fits, which then "
+    "fits") {
+  auto free_plan = compile_plan(training_graph(small_gpt()), PlanOptions{});
+  REQUIRE(free_plan.ok());
+  PlanOptions tight;
+  tight.memory_budget_bytes = free_plan->memory.persistent_bytes + 1024;
+  auto refused = compile_plan(training_graph(small_gpt()), tight);
+  REQUIRE_FALSE(refused.ok());
+  const std::string msg = refused.error().message;
+  CHECK_THAT(msg, Catch::Contains("the smallest budget that fits is"));
+}
+
+TEST_CASE(
+    "gradient buckets: reverse production order, contiguous, all-reduce right after the bucket "
+    "completes") {
+  PlanOptions opt;
+  opt.comm.world_size = 2;
+  opt.comm.bucket_cap_bytes = 16 * 1024;
+  auto plan = compile_plan(training_graph(small_gpt()), opt);
+  REQUIRE(plan.ok());
+  const auto& c = plan->comm;
+  REQUIRE(c.buckets.size() > 2);
+  const Graph& g = plan->graph;
+  std::set<TensorId> seen;
+  for (const auto& b : c.buckets) {
+    REQUIRE(g.ops[static_cast<std::size_t>(b.issue_after_op)].kind == OpKind::all_reduce);
+    // Contiguous: each gradient starts where the previous one (aligned) ended.
+    std::size_t expect = b.offset;
+    for (auto t : b.grads) {
+      CHECK(plan->memory.offsets[static_cast<std::size_t>(t)] == expect);
+      expect += (g[t].bytes() + 255) / 256 * 256;
+      seen.insert(t);
+      // Final before the all-reduce: no later op writes it in the backward.
+      for (std::size_t i = static_cast<std::size_t>(b.issue_after_op) + 1; i < g.ops.size(); ++i) {
+        if (g.ops[i].phase == Phase::optimizer) break;
+        for (auto o : g.ops[i].outputs)
+          if (g.ops[i].kind != OpKind::all_reduce) CHECK(o != t);
+      }
+    }
+    CHECK(expect - b.offset == b.bytes);
+  }
+  CHECK(seen.size() == g.params.size());
+  // The last layer's gradients are reduced first; wte (tied, finished by the encoder) last.
+  CHECK(g[c.buckets.front().grads.front()].name.rfind("dlnf", 0) == 0);
+  const auto& tail = c.buckets.back().grads;
+  CHECK(std::find_if(tail.begin(), tail.end(), [&](TensorId t) { return g[t].name == "dwte"; }) !=
+        tail.end());
+}
+
+TEST_CASE(
+    "communication budget: a slow link raises the accumulation until exposed time is within "
+    "budget") {
+  PlanOptions opt;
+  opt.comm.world_size = 2;
+  opt.comm.link_gbytes_per_s = 0.2;
+  opt.comm.max_exposed_fraction = 0.05;
+  auto plan = compile_plan(training_graph(small_gpt()), opt);
+  REQUIRE(plan.ok());
+  CHECK(plan->comm.grad_accum > 1);
+  CHECK(plan->comm.within_budget);
+  CHECK(plan->comm.exposed_fraction <= 0.05);
+  opt.comm.link_gbytes_per_s = 1000;
+  opt.comm.latency_us = 1;
+  auto fast = compile_plan(training_graph(small_gpt()), opt);
+  REQUIRE(fast.ok());
+  CHECK(fast->comm.grad_accum == 1);
+}
+
+TEST_CASE("model validation: n_embd not divisible by n_head is refused with a clear line") {
+  GptConfig c = small_gpt();
+  c.n_embd = 30;
+  auto s = validate(c);
+  REQUIRE_FALSE(s.ok());
+  CHECK_THAT(s.error().message, Catch::Contains("not divisible by model.n_head"));
+}
