@@ -1,0 +1,77 @@
+// A wireup client process for the integration tests and the benchmark. Reads its store from the
+// environment like any worker (connect_from_env).
+//
+//   wireup_peer exchange <value_bytes> <timeout_ms> [rounds]
+//       fence; then per round: put "r<round>/<rank>", fence, get every other rank's value and
+//       check its content. Prints {"rank":R,"exchange_us":[...]} (one figure per round).
+//   wireup_peer hang
+//       connect, take part in the first fence, print "ready", then sleep (to be killed).
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+#include <thread>
+
+#include "topolaunch/wireup/kv_store.hpp"
+
+using namespace topolaunch::wireup;
+
+namespace {
+
+Bytes value_of(int rank, int round, std::size_t bytes) {
+  Bytes value(bytes);
+  for (std::size_t i = 0; i < bytes; ++i)
+    value[i] = static_cast<std::byte>((rank * 131 + round * 7 + i) & 0xff);
+  return value;
+}
+
+int fail(const std::string& message) {
+  std::fprintf(stderr, "wireup_peer: %s\n", message.c_str());
+  return 1;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc < 2) return fail("usage: wireup_peer exchange <bytes> <timeout_ms> [rounds] | hang");
+  std::string mode = argv[1];
+  auto store = connect_from_env(current_environment());
+  if (!store) return fail(store.error().message);
+  KvStore& kv = **store;
+
+  if (mode == "hang") {
+    if (auto r = kv.fence(milliseconds(30000)); !r) return fail(r.error().message);
+    std::printf("ready\n");
+    std::fflush(stdout);
+    std::this_thread::sleep_for(std::chrono::seconds(60));
+    return 0;
+  }
+  if (mode != "exchange" || argc < 4) return fail("bad arguments");
+  std::size_t bytes = std::strtoull(argv[2], nullptr, 10);
+  milliseconds timeout(std::strtoll(argv[3], nullptr, 10));
+  int rounds = argc > 4 ? std::atoi(argv[4]) : 1;
+
+  if (auto r = kv.fence(timeout); !r) return fail(r.error().message);  // everyone is connected
+  std::string times;
+  for (int round = 0; round < rounds; ++round) {
+    auto name = "r" + std::to_string(round);
+    auto start = std::chrono::steady_clock::now();
+    if (auto r = kv.put(rank_key(name, kv.rank()), value_of(kv.rank(), round, bytes)); !r) {
+      return fail(r.error().message);
+    }
+    if (auto r = kv.fence(timeout); !r) return fail(r.error().message);
+    for (int peer = 0; peer < kv.size(); ++peer) {
+      if (peer == kv.rank()) continue;
+      auto value = kv.get(rank_key(name, peer), timeout);
+      if (!value) return fail(value.error().message);
+      if (*value != value_of(peer, round, bytes))
+        return fail("wrong value from rank " + std::to_string(peer));
+    }
+    auto us = std::chrono::duration_cast<std::chrono::microseconds>(
+        std::chrono::steady_clock::now() - start);
+    times += (round ? "," : "") + std::to_string(us.count());
+  }
+  std::printf("{\"rank\":%d,\"size\":%d,\"backend\":\"%s\",\"exchange_us\":[%s]}\n", kv.rank(),
+              kv.size(), std::string(kv.backend()).c_str(), times.c_str());
+  return 0;
+}

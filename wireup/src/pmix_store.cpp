@@ -1,0 +1,167 @@
+// The PMIx backend (srun --mpi=pmix). Compiled only when libpmix was found at build time.
+//
+// Limits and choices:
+//   - keys up to PMIX_MAX_KEYLEN (511) chars; values are PMIX_BYTE_OBJECTs (binary-safe).
+//   - PMIx data belongs to the process that put it, our keys are job-global. get() asks the owner
+//     directly when the key follows the rank_key() convention ("name/<rank>"), otherwise it asks
+//     with PMIX_RANK_UNDEF, which makes the PMIx client search every process of the namespace.
+//   - fence() passes PMIX_COLLECT_DATA so values are on every node afterwards, and PMIX_TIMEOUT
+//     (whole seconds, rounded up); a timed-out fence cannot say which ranks were missing.
+//   - The PMIx client library reads its connection info from the real process environment, not
+//     from the Env given to connect_from_env().
+#include <algorithm>
+#include <charconv>
+
+#include "backends.hpp"
+
+#ifdef TOPOLAUNCH_HAVE_PMIX
+#include <pmix.h>
+
+#include <cstring>
+
+namespace topolaunch::wireup::detail {
+namespace {
+
+std::string pmix_error(std::string_view what, pmix_status_t rc) {
+  return "wireup pmix: " + std::string(what) + " failed: " + PMIx_Error_string(rc);
+}
+
+int timeout_seconds(milliseconds timeout) {
+  auto seconds = (timeout.count() + 999) / 1000;
+  return static_cast<int>(std::clamp<long long>(seconds, 1, 1 << 30));
+}
+
+class PmixStore final : public KvStore {
+ public:
+  static Result<std::unique_ptr<KvStore>> connect() {
+    auto store = std::unique_ptr<PmixStore>(new PmixStore());
+    if (auto rc = PMIx_Init(&store->self_, nullptr, 0); rc != PMIX_SUCCESS) {
+      return make_error(pmix_error("PMIx_Init", rc) +
+                        " (is this process started by srun --mpi=pmix?)");
+    }
+    store->initialized_ = true;
+    pmix_proc_t job;
+    PMIX_LOAD_PROCID(&job, store->self_.nspace, PMIX_RANK_WILDCARD);
+    pmix_value_t* value = nullptr;
+    if (auto rc = PMIx_Get(&job, PMIX_JOB_SIZE, nullptr, 0, &value); rc != PMIX_SUCCESS) {
+      return make_error(pmix_error("PMIx_Get(PMIX_JOB_SIZE)", rc));
+    }
+    store->size_ = static_cast<int>(value->data.uint32);
+    PMIX_VALUE_RELEASE(value);
+    return std::unique_ptr<KvStore>(std::move(store));
+  }
+
+  ~PmixStore() override {
+    if (initialized_) PMIx_Finalize(nullptr, 0);
+  }
+
+  int rank() const override { return static_cast<int>(self_.rank); }
+  int size() const override { return size_; }
+  std::string_view backend() const override { return "pmix"; }
+
+  using KvStore::put;
+  Status put(std::string_view key, std::span<const std::byte> value) override {
+    if (key.empty() || key.size() > PMIX_MAX_KEYLEN) {
+      return make_error("wireup pmix: key '" + std::string(key) + "' must have 1.." +
+                        std::to_string(PMIX_MAX_KEYLEN) + " chars");
+    }
+    std::string key_text(key);
+    pmix_value_t v;
+    PMIX_VALUE_CONSTRUCT(&v);
+    v.type = PMIX_BYTE_OBJECT;
+    // PMIx_Put copies the value; the cast drops a const PMIx never writes through.
+    v.data.bo.bytes = const_cast<char*>(reinterpret_cast<const char*>(value.data()));
+    v.data.bo.size = value.size();
+    auto rc = PMIx_Put(PMIX_GLOBAL, key_text.c_str(), &v);
+    if (rc != PMIX_SUCCESS) return make_error(pmix_error("PMIx_Put('" + key_text + "')", rc));
+    return ok_status();
+  }
+
+  Status commit() override {
+    if (auto rc = PMIx_Commit(); rc != PMIX_SUCCESS)
+      return make_error(pmix_error("PMIx_Commit", rc));
+    return ok_status();
+  }
+
+  Status fence(milliseconds timeout) override {
+    if (auto r = commit(); !r) return r;
+    pmix_proc_t all;
+    PMIX_LOAD_PROCID(&all, self_.nspace, PMIX_RANK_WILDCARD);
+    pmix_info_t info[2];
+    bool collect = true;
+    int seconds = timeout_seconds(timeout);
+    PMIX_INFO_LOAD(&info[0], PMIX_COLLECT_DATA, &collect, PMIX_BOOL);
+    PMIX_INFO_LOAD(&info[1], PMIX_TIMEOUT, &seconds, PMIX_INT);
+    auto rc = PMIx_Fence(&all, 1, info, 2);
+    PMIX_INFO_DESTRUCT(&info[0]);
+    PMIX_INFO_DESTRUCT(&info[1]);
+    if (rc != PMIX_SUCCESS) {
+      return make_error(pmix_error("PMIx_Fence over " + std::to_string(size_) + " ranks (timeout " +
+                                       std::to_string(seconds) + " s)",
+                                   rc));
+    }
+    return ok_status();
+  }
+
+  Result<Bytes> get(std::string_view key, milliseconds timeout) override {
+    std::string key_text(key);
+    pmix_proc_t owner;
+    PMIX_LOAD_PROCID(&owner, self_.nspace, owner_rank(key));
+    pmix_info_t info;
+    int seconds = timeout_seconds(timeout);
+    PMIX_INFO_LOAD(&info, PMIX_TIMEOUT, &seconds, PMIX_INT);
+    pmix_value_t* value = nullptr;
+    auto rc = PMIx_Get(&owner, key_text.c_str(), &info, 1, &value);
+    PMIX_INFO_DESTRUCT(&info);
+    if (rc != PMIX_SUCCESS) return make_error(pmix_error("PMIx_Get('" + key_text + "')", rc));
+    Result<Bytes> out =
+        make_error("wireup pmix: key '" + key_text + "' does not hold a byte object");
+    if (value->type == PMIX_BYTE_OBJECT) {
+      auto bytes = reinterpret_cast<const std::byte*>(value->data.bo.bytes);
+      out = Bytes(bytes, bytes + value->data.bo.size);
+    }
+    PMIX_VALUE_RELEASE(value);
+    return out;
+  }
+
+ private:
+  PmixStore() = default;
+
+  // "name/<rank>" keys belong to that rank (rank_key()); others are searched for.
+  pmix_rank_t owner_rank(std::string_view key) const {
+    auto slash = key.rfind('/');
+    if (slash == std::string_view::npos) return PMIX_RANK_UNDEF;
+    auto digits = key.substr(slash + 1);
+    int rank = -1;
+    auto [end, ec] = std::from_chars(digits.data(), digits.data() + digits.size(), rank);
+    if (ec != std::errc() || end != digits.data() + digits.size() || rank < 0 || rank >= size_) {
+      return PMIX_RANK_UNDEF;
+    }
+    return static_cast<pmix_rank_t>(rank);
+  }
+
+  pmix_proc_t self_{};
+  int size_ = 0;
+  bool initialized_ = false;
+};
+
+}  // namespace
+
+Result<std::unique_ptr<KvStore>> connect_pmix(const Env&, milliseconds) {
+  return PmixStore::connect();
+}
+
+}  // namespace topolaunch::wireup::detail
+
+#else
+
+namespace topolaunch::wireup::detail {
+Result<std::unique_ptr<KvStore>> connect_pmix(const Env&, milliseconds) {
+  return make_error(
+      "wireup pmix: this topolaunch was built without PMIx (libpmix-dev was missing at build "
+      "time); "
+      "use srun --mpi=pmi2, or the tcp store (TOPOLAUNCH_WIREUP=tcp)");
+}
+}  // namespace topolaunch::wireup::detail
+
+#endif
