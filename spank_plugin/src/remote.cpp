@@ -1,0 +1,270 @@
+// slurmstepd (S_CTX_REMOTE). user_init runs once per node per step with the user's effective
+// ids: it gathers what Slurm says about the step, loads the topology and the job config and
+// computes this node's part of the rank map. task_init runs in each task just before exec, as
+// the user: it binds the task and exports its environment. Errors of user_init are kept and
+// raised in task_init, the only place where Slurm 22.05 fails the task on -1 (spank.md 1.3).
+#include <fmt/format.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <memory>
+#include <vector>
+
+#include "slurm_text.hpp"
+#include "spank.hpp"
+#include "task_binding.hpp"
+#include "text_checks.hpp"
+#include "topolaunch/launcher/job_config.hpp"
+#include "topolaunch/topology/discover.hpp"
+#include "user_file.hpp"
+
+namespace topolaunch::spank {
+namespace {
+
+using topology::NodeTopology;
+
+// Batch, extern and interactive steps (and the pending-step marker) are never mapped: their
+// environment and affinity would leak into every step started inside them (spank.md 1.6).
+constexpr std::uint32_t kFirstSpecialStep = 0xfffffffa;
+
+Result<std::uint32_t> get_u32(spank_t sp, spank_item_t item, const char* what) {
+  std::uint32_t value = 0;
+  const spank_err_t rc = spank_get_item(sp, item, &value);
+  if (rc != ESPANK_SUCCESS) {
+    return make_error(fmt::format("slurm item {}: {}", what, spank_strerror(rc)), 1);
+  }
+  return value;
+}
+
+topology::Environment job_environment(spank_t sp) {
+  topology::Environment env;
+  char** entries = nullptr;
+  if (spank_get_item(sp, S_JOB_ENV, &entries) != ESPANK_SUCCESS || entries == nullptr) return env;
+  for (char** e = entries; *e != nullptr; ++e) {
+    const char* eq = std::strchr(*e, '=');
+    if (eq == nullptr) continue;
+    env.emplace(std::string(*e, static_cast<std::size_t>(eq - *e)), std::string(eq + 1));
+  }
+  return env;
+}
+
+std::string env_or(const topology::Environment& env, const char* name, const char* fallback = "") {
+  auto it = env.find(name);
+  return it == env.end() ? fallback : it->second;
+}
+
+Result<UserIdentity> user_identity(spank_t sp) {
+  UserIdentity user;
+  if (spank_get_item(sp, S_JOB_UID, &user.uid) != ESPANK_SUCCESS ||
+      spank_get_item(sp, S_JOB_GID, &user.gid) != ESPANK_SUCCESS) {
+    return make_error("slurm gave no job uid/gid", 1);
+  }
+  gid_t* gids = nullptr;
+  int count = 0;
+  if (spank_get_item(sp, S_JOB_SUPPLEMENTARY_GIDS, &gids, &count) == ESPANK_SUCCESS && gids) {
+    user.groups.assign(gids, gids + count);
+  }
+  return user;
+}
+
+Result<StepInfo> step_info(spank_t sp, std::uint32_t job_id, std::uint32_t step_id) {
+  StepInfo step;
+  step.job_id = job_id;
+  step.step_id = step_id;
+  auto node_id = get_u32(sp, S_JOB_NODEID, "S_JOB_NODEID");
+  auto total = get_u32(sp, S_JOB_TOTAL_TASK_COUNT, "S_JOB_TOTAL_TASK_COUNT");
+  auto local = get_u32(sp, S_JOB_LOCAL_TASK_COUNT, "S_JOB_LOCAL_TASK_COUNT");
+  if (!node_id) return node_id.error();
+  if (!total) return total.error();
+  if (!local) return local.error();
+  step.world_size = static_cast<int>(*total);
+  step.local_tasks = static_cast<int>(*local);
+  step.env = job_environment(sp);
+
+  std::string nodelist = env_or(step.env, "SLURM_STEP_NODELIST");
+  if (nodelist.empty()) nodelist = env_or(step.env, "SLURM_NODELIST");
+  auto nodes = expand_hostlist(nodelist);
+  if (!nodes) return make_error(fmt::format("SLURM_STEP_NODELIST: {}", nodes.error().message));
+  step.step_nodes = *nodes;
+  if (*node_id >= step.step_nodes.size()) {
+    return make_error(
+        fmt::format("node id {} is outside the step's {} nodes", *node_id, step.step_nodes.size()));
+  }
+  step.node_name = step.step_nodes[*node_id];
+
+  const std::string per_node = env_or(step.env, "SLURM_STEP_TASKS_PER_NODE",
+                                      env_or(step.env, "SLURM_TASKS_PER_NODE").c_str());
+  auto counts = expand_tasks_per_node(per_node);
+  if (!counts)
+    return make_error(fmt::format("SLURM_STEP_TASKS_PER_NODE: {}", counts.error().message));
+  step.tasks_per_node = *counts;
+
+  char* cores = nullptr;
+  if (spank_get_item(sp, S_STEP_ALLOC_CORES, &cores) == ESPANK_SUCCESS && cores && *cores) {
+    auto set = topology::CpuSet::parse_list(cores);
+    if (!set) return make_error(fmt::format("S_STEP_ALLOC_CORES '{}' is not a core list", cores));
+    step.alloc_cores = *set;
+  }
+  return step;
+}
+
+Result<std::shared_ptr<const NodeTopology>> load_node_topology(const SiteConfig& site,
+                                                               const std::string& node) {
+  topology::DiscoverOptions options;
+  options.nics = site.nics;
+  options.hostname = node;
+  auto topo =
+      site.topology_xml.empty()
+          ? topology::discover_live(options)
+          : topology::load_topology_file(expand_node_pattern(site.topology_xml, node), options);
+  if (!topo) return topo.error();
+  return std::shared_ptr<const NodeTopology>(std::make_shared<NodeTopology>(std::move(*topo)));
+}
+
+// The effective [mapping]: job config (read as the user), then the command-line overrides,
+// with the site's NIC filter always applied.
+Result<topology::MappingSpec> mapping_spec(spank_t sp, const PluginState& s) {
+  topology::MappingSpec spec;
+  if (s.options.config_path) {
+    if (!s.site.allow_user_config) {
+      return make_error("--topolaunch-config: this site does not accept job configs");
+    }
+    auto user = user_identity(sp);
+    if (!user) return user.error();
+    auto text = read_file_as_user(*s.options.config_path, *user);
+    if (!text) return make_error(fmt::format("--topolaunch-config={}", text.error().message));
+    auto config = launcher::parse_job_config(*text, *s.options.config_path);
+    if (!config) return config.error();
+    spec = config->mapping;
+  }
+  if (s.options.policy) spec.policy = *s.options.policy;
+  if (s.options.nics_text) {
+    auto nics = parse_nic_list(*s.options.nics_text, "--topolaunch-nics");
+    if (!nics) return nics.error();
+    spec.nics = *nics;
+  }
+  return spec;
+}
+
+Status plan_this_node(spank_t sp, PluginState& s, std::uint32_t job_id, std::uint32_t step_id) {
+  auto step = step_info(sp, job_id, step_id);
+  if (!step) return step.error();
+  auto spec = mapping_spec(sp, s);
+  if (!spec) return spec.error();
+  auto mine = load_node_topology(s.site, step->node_name);
+  if (!mine) return mine.error();
+  // Other nodes: the site's per-node XML when there is a pattern; otherwise this node's
+  // topology stands in for them (a live node cannot see its peers from inside a SPANK hook).
+  TopologyLoader others =
+      [&](const std::string& node) -> Result<std::shared_ptr<const NodeTopology>> {
+    if (s.site.topology_xml.find("%n") == std::string::npos) return *mine;
+    return load_node_topology(s.site, node);
+  };
+  auto plan = plan_node(*step, *mine, others, *spec);
+  if (!plan) return plan.error();
+  for (const auto& note : plan->notes) log_info(fmt::format("{}: {}", step->node_name, note));
+  s.plan = std::move(*plan);
+  return ok_status();
+}
+
+void say(const std::string& line) {
+  // The task's stderr is already the job's stderr here: srun shows it with the task label.
+  const std::string text = "topolaunch: " + line + "\n";
+  (void)!write(STDERR_FILENO, text.data(), text.size());
+}
+
+std::string join(const std::vector<std::string>& items) {
+  std::string out;
+  for (const auto& item : items) out += (out.empty() ? "" : ",") + item;
+  return out;
+}
+
+}  // namespace
+
+int remote_user_init(spank_t sp, int, char**) {
+  if (spank_remote(sp) != 1) return 0;
+  auto& s = state();
+  auto job_id = get_u32(sp, S_JOB_ID, "S_JOB_ID");
+  auto step_id = get_u32(sp, S_JOB_STEPID, "S_JOB_STEPID");
+  if (!job_id || !step_id) {
+    s.deferred_error = !job_id ? job_id.error().message : step_id.error().message;
+    return 0;
+  }
+  if (*step_id >= kFirstSpecialStep) return 0;
+  s.mode = s.options.mode.value_or(s.site.default_mode);
+  if (!s.deferred_error.empty() || !s.site_ok) {
+    s.active = true;  // raise it in task_init
+    return 0;
+  }
+  if (s.mode == Mode::off) return 0;
+  s.active = true;
+  if (auto ok = plan_this_node(sp, s, *job_id, *step_id); !ok) {
+    s.deferred_error = ok.error().message;
+    log_error(fmt::format("job {}.{}: {}", *job_id, *step_id, ok.error().message));
+  }
+  return 0;  // user_init errors are not reported by 22.05: task_init raises them
+}
+
+int remote_task_init(spank_t sp) {
+  auto& s = state();
+  if (!s.active) return 0;
+  if (!s.deferred_error.empty()) {
+    say("error: " + s.deferred_error);
+    return -1;
+  }
+  if (!s.plan) return 0;
+  int local_task = -1;
+  if (spank_get_item(sp, S_TASK_ID, &local_task) != ESPANK_SUCCESS || local_task < 0 ||
+      local_task >= static_cast<int>(s.plan->tasks.size())) {
+    say(fmt::format("error: no plan for local task {}", local_task));
+    return -1;
+  }
+  const TaskPlan& task = s.plan->tasks[static_cast<std::size_t>(local_task)];
+
+  auto allowed = current_affinity();
+  if (!allowed) {
+    say("error: " + allowed.error().message);
+    return -1;
+  }
+  const BindingChoice binding = choose_binding(task.rank.cpus, *allowed, local_task);
+  if (auto ok = set_affinity(binding.cpus); !ok) {
+    if (s.site.enforce_binding) {
+      say("error: " + ok.error().message);
+      return -1;
+    }
+    log_error(ok.error().message);
+  }
+  auto memory = prefer_memory_node(task.rank.numa);
+  if (!memory && s.site.enforce_binding) {
+    say("error: " + memory.error().message);
+    return -1;
+  }
+
+  topology::Environment env = task.env;
+  env["TOPOLAUNCH_BOUND_CPUS"] = binding.cpus.to_list();
+  env["TOPOLAUNCH_MODE"] = std::string(to_string(s.mode));
+  for (const auto& [name, value] : env) {
+    const spank_err_t rc = spank_setenv(sp, name.c_str(), value.c_str(), 1);
+    if (rc != ESPANK_SUCCESS) {
+      say(fmt::format("error: cannot set {}: {}", name, spank_strerror(rc)));
+      return -1;
+    }
+  }
+
+  if (s.mode == Mode::verbose) {
+    std::vector<std::string> gpus;
+    for (int g : task.rank.gpus) gpus.push_back(std::to_string(g));
+    const std::string busids = env_or(env, "TOPOLAUNCH_GPU_BUSIDS");
+    std::string line = fmt::format(
+        "{} task {} rank {}: gpu {}{} cores {} numa {} nic {}; bound to cpus {}", s.plan->node_name,
+        local_task, task.rank.rank, gpus.empty() ? "-" : join(gpus),
+        busids.empty() ? "" : " (" + busids + ")", task.rank.cpus.to_list(), task.rank.numa,
+        task.rank.nics.empty() ? "-" : join(task.rank.nics), binding.cpus.to_list());
+    if (binding.emulated) line += " (emulated node: intended cpus in TOPOLAUNCH_CPUS)";
+    if (memory && !*memory) line += " (numa node not on this host: memory policy unchanged)";
+    say(line);
+  }
+  return 0;
+}
+
+}  // namespace topolaunch::spank
