@@ -1,0 +1,73 @@
+#include "ucx_context.hpp"
+
+#include <fmt/format.h>
+#include <cstdlib>
+
+namespace topolaunch::rdma::detail {
+
+std::string status_text(ucs_status_t s) { return ucs_status_string(s); }
+
+Result<UcxWorker> open_ucx_worker(const UcxSettings& settings, const std::string& name) {
+  const std::string& t = settings.transports;
+  const char* env_tls = std::getenv("UCX_TLS");
+  const std::string tls = t.empty() ? (env_tls ? env_tls : "all") : t;
+  if (tls.find("shm") != std::string::npos || tls.find("sm") != std::string::npos ||
+      tls.find("posix") != std::string::npos || tls.find("all") != std::string::npos)
+    setenv("UCX_POSIX_ERROR_HANDLING", "y", 0);
+  ucp_config_t* config = nullptr;
+  if (ucs_status_t s = ucp_config_read(nullptr, nullptr, &config); s != UCS_OK)
+    return make_error("ucx: reading the UCX configuration failed: " + status_text(s), 1);
+  struct ConfigRelease {
+    ucp_config_t* c;
+    ~ConfigRelease() { ucp_config_release(c); }
+  } release{config};
+  auto modify = [&](const char* key, const std::string& value) -> Status {
+    if (ucs_status_t s = ucp_config_modify(config, key, value.c_str()); s != UCS_OK)
+      return make_error(fmt::format("ucx: UCX_{}={} rejected: {}", key, value, status_text(s)), 2);
+    return ok_status();
+  };
+  if (!settings.transports.empty())
+    if (auto st = modify("TLS", settings.transports); !st) return st.error();
+  if (!settings.net_devices.empty())
+    if (auto st = modify("NET_DEVICES", settings.net_devices); !st) return st.error();
+  if (!std::getenv("UCX_KEEPALIVE_INTERVAL"))
+    if (auto st = modify("KEEPALIVE_INTERVAL", fmt::format("{}ms", settings.keepalive.count()));
+        !st)
+      return st.error();
+
+  ucp_params_t params{};
+  params.field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_NAME;
+  params.features = UCP_FEATURE_TAG | (settings.rma ? UCP_FEATURE_RMA : 0);
+  params.name = name.c_str();
+  ucp_context_h raw_context = nullptr;
+  if (ucs_status_t s = ucp_init(&params, config, &raw_context); s != UCS_OK)
+    return make_error(fmt::format("ucx: ucp_init failed with UCX_TLS={} UCX_NET_DEVICES={}: {}",
+                                  settings.transports.empty() ? "(default)" : settings.transports,
+                                  settings.net_devices.empty() ? "(default)" : settings.net_devices,
+                                  status_text(s)),
+                      2);
+  UcxWorker out;
+  out.context.reset(raw_context);
+
+  ucp_context_attr_t cattr{};
+  cattr.field_mask = UCP_ATTR_FIELD_MEMORY_TYPES;
+  if (ucp_context_query(raw_context, &cattr) == UCS_OK) out.memory_types = cattr.memory_types;
+
+  ucp_worker_params_t wparams{};
+  wparams.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE;
+  wparams.thread_mode = UCS_THREAD_MODE_SINGLE;
+  ucp_worker_h raw_worker = nullptr;
+  if (ucs_status_t s = ucp_worker_create(raw_context, &wparams, &raw_worker); s != UCS_OK)
+    return make_error("ucx: ucp_worker_create failed: " + status_text(s), 1);
+  out.worker.reset(raw_worker);
+
+  ucp_address_t* addr = nullptr;
+  std::size_t addr_len = 0;
+  if (ucs_status_t s = ucp_worker_get_address(raw_worker, &addr, &addr_len); s != UCS_OK)
+    return make_error("ucx: ucp_worker_get_address failed: " + status_text(s), 1);
+  out.address.assign(reinterpret_cast<const char*>(addr), addr_len);
+  ucp_worker_release_address(raw_worker, addr);
+  return out;
+}
+
+}  // namespace topolaunch::rdma::detail

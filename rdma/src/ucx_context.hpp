@@ -1,0 +1,43 @@
+// RAII owners of UCX handles and the settings every rdma UCX user shares (private header).
+#pragma once
+
+#include <ucp/api/ucp.h>
+
+#include <chrono>
+#include <memory>
+#include <string>
+
+#include "topolaunch/topology/result.hpp"
+
+namespace topolaunch::rdma::detail {
+
+struct UcxSettings {
+  std::string transports;   // UCX_TLS, "" = environment/default
+  std::string net_devices;  // UCX_NET_DEVICES, "" = environment/default
+  std::chrono::milliseconds keepalive{250};
+  bool rma = true;  // UCP_FEATURE_RMA (puts with rkeys) besides TAG
+};
+
+struct ContextDeleter {
+  void operator()(ucp_context* c) const { ucp_cleanup(c); }
+};
+struct WorkerDeleter {
+  void operator()(ucp_worker* w) const { ucp_worker_destroy(w); }
+};
+using ContextPtr = std::unique_ptr<ucp_context, ContextDeleter>;
+using WorkerPtr = std::unique_ptr<ucp_worker, WorkerDeleter>;
+
+struct UcxWorker {
+  ContextPtr context;
+  WorkerPtr worker;
+  std::string address;             // this worker's address blob
+  std::uint64_t memory_types = 0;  // ucp_context_query: bit per ucs_memory_type_t
+};
+
+// Creates context + worker in single-thread mode. Peer-failure endpoints over shared memory
+// need UCX_POSIX_ERROR_HANDLING=y in UCX 1.13 (rdma.md §1.3); set unless the user set it.
+Result<UcxWorker> open_ucx_worker(const UcxSettings& settings, const std::string& name);
+
+std::string status_text(ucs_status_t s);
+
+}  // namespace topolaunch::rdma::detail
