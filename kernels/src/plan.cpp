@@ -505,7 +505,13 @@ Result<Plan> compile_plan(Graph graph, const PlanOptions& opt) {
   } else {
     plan.comm.grad_accum = m.max_grad_accum;
     for (int k = 1; k <= m.max_grad_accum; ++k) {
-      if (plan.comm.exposed_ms <= m.max_exposed_fraction * k * plan.comm.compute_ms) {
+      const double exposed = plan.comm.exposed_ms / k;
+      const bool time_ok = m.max_exposed_ms > 0
+                               ? exposed <= m.max_exposed_ms
+                               : exposed <= m.max_exposed_fraction * plan.comm.compute_ms;
+      const bool bytes_ok =
+          m.max_bytes_per_step == 0 || plan.comm.bytes_per_step <= m.max_bytes_per_step * k;
+      if (time_ok && bytes_ok) {
         plan.comm.grad_accum = k;
         break;
       }
@@ -514,7 +520,11 @@ Result<Plan> compile_plan(Graph graph, const PlanOptions& opt) {
   const int k = plan.comm.grad_accum;
   plan.comm.exposed_fraction =
       plan.comm.compute_ms > 0 ? plan.comm.exposed_ms / (k * plan.comm.compute_ms) : 0;
-  plan.comm.within_budget = plan.comm.exposed_fraction <= m.max_exposed_fraction + 1e-12;
+  plan.comm.within_budget =
+      (m.max_exposed_ms > 0 ? plan.comm.exposed_ms / k <= m.max_exposed_ms + 1e-12
+                            : plan.comm.exposed_fraction <= m.max_exposed_fraction + 1e-12) &&
+      (m.max_bytes_per_step == 0 ||
+       plan.comm.bytes_per_step <= m.max_bytes_per_step * static_cast<std::size_t>(k));
   return plan;
 }
 

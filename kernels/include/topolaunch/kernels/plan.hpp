@@ -56,8 +56,11 @@ struct CommModel {
   double latency_us = 50.0;            // per collective
   double compute_gflops = 20.0;        // backend throughput, to time the backward
   double max_exposed_fraction = 0.05;  // budget: exposed communication / compute per optimizer step
-  std::size_t bucket_cap_bytes = 0;    // 0: choose
-  int grad_accum = 0;                  // 0: choose within max_grad_accum
+  double max_exposed_ms = 0;           // budget: exposed ms per micro-step on average (0: none)
+  std::size_t max_bytes_per_step =
+      0;  // budget: bytes sent per rank per micro-step on average (0: none)
+  std::size_t bucket_cap_bytes = 0;  // 0: choose
+  int grad_accum = 0;                // 0: choose within max_grad_accum
   int max_grad_accum = 64;
 };
 

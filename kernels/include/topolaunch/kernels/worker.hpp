@@ -1,0 +1,29 @@
+// The training worker behind `topolaunch-worker`: config -> data -> graph -> plan -> train.
+//
+// Exit status (the launcher's requeue logic depends on these):
+//   0   finished train.steps
+//   1   runtime failure (I/O, a peer rank died)
+//   2   bad input: config, data, checkpoint (truncated, corrupt, another model), budget refused
+//   75  stopped by SIGUSR1: a checkpoint was written at the step boundary; requeue and resume
+//   143 stopped by SIGTERM: a checkpoint was written at the step boundary
+#pragma once
+
+#include <iosfwd>
+#include <string>
+#include <vector>
+
+namespace topolaunch::kernels {
+
+inline constexpr int kExitRequeue = 75;  // EX_TEMPFAIL
+inline constexpr int kExitTerminated = 143;
+
+struct WorkerOptions {
+  std::string config_path;             // argv or TOPOLAUNCH_CONFIG
+  std::vector<std::string> overrides;  // --set table.key=value
+  bool plan_only = false;
+  bool list_ops = false;
+};
+
+int run_worker(const WorkerOptions& options, std::ostream& out, std::ostream& err);
+
+}  // namespace topolaunch::kernels
