@@ -29,6 +29,7 @@ bool is_known_op(std::uint16_t op) {
     case Op::wait:
     case Op::fence:
     case Op::remove:
+    case Op::get_many:
     case Op::ok:
     case Op::error:
       return true;
@@ -58,6 +59,8 @@ std::string_view op_name(Op op) {
       return "fence";
     case Op::remove:
       return "remove";
+    case Op::get_many:
+      return "get_many";
     case Op::ok:
       return "ok";
     case Op::error:

@@ -34,6 +34,7 @@ enum class Op : std::uint16_t {
   wait = 14,      // count, key*, timeout_ms
   fence = 15,     // generation, timeout_ms
   remove = 16,    // key -> existed
+  get_many = 17,  // count, key*, timeout_ms -> count, value*
   ok = 100,       // reply; payload depends on the request
   error = 101,    // reply: message
 };

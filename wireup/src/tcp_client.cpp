@@ -186,6 +186,27 @@ Result<Bytes> TcpStoreClient::get(std::string_view key, milliseconds timeout) {
   return Bytes(value->begin(), value->end());
 }
 
+Result<std::vector<Bytes>> TcpStoreClient::get_many(const std::vector<std::string>& keys,
+                                                    milliseconds timeout) {
+  proto::PayloadWriter request;
+  request.u64(keys.size());
+  for (const auto& key : keys) request.str(key);
+  request.u64(timeout.count());
+  auto reply = impl_->request(Op::get_many, request.data(), timeout);
+  if (!reply) return reply.error();
+  proto::PayloadReader in(*reply);
+  auto count = in.u64();
+  if (!count || *count != keys.size()) return impl_->fail("get_many: malformed reply");
+  std::vector<Bytes> values;
+  values.reserve(keys.size());
+  for (std::size_t i = 0; i < keys.size(); ++i) {
+    auto value = in.bytes();
+    if (!value) return impl_->fail("get_many: malformed reply");
+    values.emplace_back(value->begin(), value->end());
+  }
+  return values;
+}
+
 Status TcpStoreClient::set(std::string_view key, std::span<const std::byte> value) {
   auto reply = impl_->request(Op::set, proto::PayloadWriter().str(key).bytes(value).take());
   if (!reply) return reply.error();

@@ -102,7 +102,7 @@ class TcpStoreServer::Impl {
   }
 
  private:
-  enum class Waiting { none, get, wait, fence };
+  enum class Waiting { none, get, wait, get_many, fence };
 
   struct Conn {
     net::Fd fd;
@@ -117,8 +117,9 @@ class TcpStoreServer::Impl {
     bool closing = false;  // refused: flush the error reply, then close
     bool dead = false;
     Waiting waiting = Waiting::none;
-    std::vector<std::string> keys;  // get/wait
-    std::uint64_t generation = 0;   // fence
+    std::vector<std::string> keys;       // get/wait/get_many: the keys still missing
+    std::vector<std::string> requested;  // get_many: every key asked for, in order
+    std::uint64_t generation = 0;        // fence
     Clock::time_point deadline;
     std::uint64_t timeout_ms = 0;
   };
@@ -345,19 +346,23 @@ class TcpStoreServer::Impl {
         store(*key, to_bytes(std::to_string(value)));
         return send(conn, Op::ok, proto::PayloadWriter().i64(value).take());
       }
-      case Op::wait: {
+      case Op::wait:
+      case Op::get_many: {
         auto count = in.u64();
         if (!count || *count > payload.size() / 4) return malformed();
-        std::vector<std::string> missing;
+        std::vector<std::string> keys, missing;
         for (std::uint64_t i = 0; i < *count; ++i) {
           auto key = in.str();
           if (!key) return malformed();
-          if (data_.count(*key) == 0) missing.push_back(std::move(*key));
+          if (data_.count(*key) == 0) missing.push_back(*key);
+          keys.push_back(std::move(*key));
         }
         auto timeout_ms = in.u64();
         if (!timeout_ms || !in.at_end()) return malformed();
-        if (missing.empty()) return send(conn, Op::ok, {});
-        return park(id, conn, Waiting::wait, std::move(missing), *timeout_ms);
+        if (op == Op::get_many) conn.requested = std::move(keys);
+        if (missing.empty()) return finish_wait(conn, op == Op::get_many);
+        return park(id, conn, op == Op::get_many ? Waiting::get_many : Waiting::wait,
+                    std::move(missing), *timeout_ms);
       }
       case Op::fence:
         return arrive_at_fence(id, conn, in);
@@ -424,14 +429,30 @@ class TcpStoreServer::Impl {
       if (conn.waiting == Waiting::get) {
         conn.waiting = Waiting::none;
         send(conn, Op::ok, proto::PayloadWriter().bytes(data_[key]).take());
-      } else if (conn.waiting == Waiting::wait) {
+      } else if (conn.waiting == Waiting::wait || conn.waiting == Waiting::get_many) {
         std::erase(conn.keys, key);
-        if (conn.keys.empty()) {
-          conn.waiting = Waiting::none;
-          send(conn, Op::ok, {});
-        }
+        if (conn.keys.empty()) finish_wait(conn, conn.waiting == Waiting::get_many);
       }
     }
+  }
+
+  // Every key of a wait/get_many exists: reply (with the values, in order, for get_many).
+  void finish_wait(Conn& conn, bool with_values) {
+    conn.waiting = Waiting::none;
+    if (!with_values) return send(conn, Op::ok, {});
+    proto::PayloadWriter reply;
+    reply.u64(conn.requested.size());
+    for (const auto& key : conn.requested) {
+      auto it = data_.find(key);
+      if (it == data_.end()) {  // removed by another client while this one waited
+        conn.requested.clear();
+        return reply_error(conn,
+                           "get_many: key '" + key + "' was removed while waiting for the others");
+      }
+      reply.bytes(it->second);
+    }
+    conn.requested.clear();
+    send(conn, Op::ok, reply.data());
   }
 
   // Takes conn out of whatever it waits for (timeout, disconnect).
@@ -443,6 +464,7 @@ class TcpStoreServer::Impl {
       }
     }
     conn.keys.clear();
+    conn.requested.clear();
     conn.waiting = Waiting::none;
   }
 
@@ -481,10 +503,12 @@ class TcpStoreServer::Impl {
       if (conn.waiting == Waiting::get) {
         reply_error(conn, "get '" + conn.keys.front() + "'" + after + " (no one set it)");
         unpark(id, conn);
-      } else if (conn.waiting == Waiting::wait) {
+      } else if (conn.waiting == Waiting::wait || conn.waiting == Waiting::get_many) {
         std::string keys;
         for (const auto& key : conn.keys) keys += (keys.empty() ? "'" : ", '") + key + "'";
-        reply_error(conn, "wait" + after + "; missing keys: " + keys);
+        if (keys.size() > 400) keys = keys.substr(0, 400) + "...";
+        reply_error(conn, std::string(conn.waiting == Waiting::wait ? "wait" : "get_many") + after +
+                              "; missing keys: " + keys);
         unpark(id, conn);
       } else {
         fail_fence(conn.generation, "fence " + std::to_string(conn.generation) + after + ": ");

@@ -197,6 +197,33 @@ TEST_CASE("binary values round-trip; get blocks until another client sets the ke
   CHECK(std::chrono::steady_clock::now() - start >= 90ms);
 }
 
+TEST_CASE("get_many returns values in the order asked, waiting for late keys") {
+  LogLines log;
+  auto server = start_server(2, log);
+  auto a = client(*server, 0, 2);
+  auto b = client(*server, 1, 2);
+  REQUIRE(a->set("k2", bytes_of("two")).ok());
+  std::thread setter([&] {
+    std::this_thread::sleep_for(100ms);
+    CHECK(a->set("k1", bytes_of("one")).ok());
+  });
+  auto values = b->get_many({"k2", "k1", "k2"}, 5000ms);
+  setter.join();
+  REQUIRE(values.ok());
+  REQUIRE(values->size() == 3);
+  CHECK((*values)[0] == bytes_of("two"));
+  CHECK((*values)[1] == bytes_of("one"));
+  CHECK((*values)[2] == bytes_of("two"));
+
+  auto missing = b->get_many({"k1", "k3"}, 100ms);
+  REQUIRE_FALSE(missing.ok());
+  CHECK(missing.error().message.find("get_many timed out after 100 ms; missing keys: 'k3'") !=
+        std::string::npos);
+  auto none = b->get_many({}, 100ms);
+  REQUIRE(none.ok());
+  CHECK(none->empty());
+}
+
 TEST_CASE("get, wait and fence time out with errors that say what was missing") {
   LogLines log;
   auto server = start_server(2, log);
@@ -240,9 +267,11 @@ TEST_CASE("add is atomic across clients; wait and remove work; repeated fences u
         if (!(*c)->put(rank_key("g" + std::to_string(generation), rank), "v").ok()) ++failures;
         if (!(*c)->fence(5000ms).ok()) ++failures;
         // After a fence every rank's value of this generation is there.
-        for (int peer = 0; peer < kRanks; ++peer) {
-          if (!(*c)->get(rank_key("g" + std::to_string(generation), peer), 1ms).ok()) ++failures;
-        }
+        std::vector<std::string> keys;
+        for (int peer = 0; peer < kRanks; ++peer)
+          keys.push_back(rank_key("g" + std::to_string(generation), peer));
+        auto values = (*c)->get_many(keys, 1ms);
+        if (!values || values->size() != kRanks) ++failures;
       }
     });
   }

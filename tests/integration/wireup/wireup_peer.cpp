@@ -2,8 +2,12 @@
 // environment like any worker (connect_from_env).
 //
 //   wireup_peer exchange <value_bytes> <timeout_ms> [rounds]
-//       fence; then per round: put "r<round>/<rank>", fence, get every other rank's value and
-//       check its content. Prints {"rank":R,"exchange_us":[...]} (one figure per round).
+//       fence; then per round: put "r<round>/<rank>", fence, get every other rank's value
+//       (get_many) and check its content. Prints {"rank":R,"exchange_us":[...]} (one figure per
+//       round).
+//   wireup_peer shared <timeout_ms>
+//       rank 0 puts one key that is not per-rank ("job/unique-id", like an NCCL unique id), fence,
+//       every rank gets and checks it. Prints {"rank":R,"shared":"ok"}.
 //   wireup_peer hang
 //       connect, take part in the first fence, print "ready", then sleep (to be killed).
 #include <chrono>
@@ -11,6 +15,7 @@
 #include <cstdlib>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "topolaunch/wireup/kv_store.hpp"
 
@@ -46,6 +51,20 @@ int main(int argc, char** argv) {
     std::this_thread::sleep_for(std::chrono::seconds(60));
     return 0;
   }
+  if (mode == "shared" && argc >= 3) {
+    milliseconds timeout(std::strtoll(argv[2], nullptr, 10));
+    const Bytes id = value_of(12345, 0, 128);
+    if (kv.rank() == 0) {
+      if (auto r = kv.put("job/unique-id", id); !r) return fail(r.error().message);
+    }
+    if (auto r = kv.fence(timeout); !r) return fail(r.error().message);
+    auto got = kv.get("job/unique-id", timeout);
+    if (!got) return fail(got.error().message);
+    if (*got != id) return fail("wrong shared value");
+    std::printf("{\"rank\":%d,\"backend\":\"%s\",\"shared\":\"ok\"}\n", kv.rank(),
+                std::string(kv.backend()).c_str());
+    return 0;
+  }
   if (mode != "exchange" || argc < 4) return fail("bad arguments");
   std::size_t bytes = std::strtoull(argv[2], nullptr, 10);
   milliseconds timeout(std::strtoll(argv[3], nullptr, 10));
@@ -60,12 +79,19 @@ int main(int argc, char** argv) {
       return fail(r.error().message);
     }
     if (auto r = kv.fence(timeout); !r) return fail(r.error().message);
+    std::vector<std::string> keys;
+    std::vector<int> owners;
     for (int peer = 0; peer < kv.size(); ++peer) {
       if (peer == kv.rank()) continue;
-      auto value = kv.get(rank_key(name, peer), timeout);
-      if (!value) return fail(value.error().message);
-      if (*value != value_of(peer, round, bytes))
-        return fail("wrong value from rank " + std::to_string(peer));
+      keys.push_back(rank_key(name, peer));
+      owners.push_back(peer);
+    }
+    auto values = kv.get_many(keys, timeout);
+    if (!values) return fail(values.error().message);
+    for (std::size_t i = 0; i < owners.size(); ++i) {
+      if ((*values)[i] != value_of(owners[i], round, bytes)) {
+        return fail("wrong value from rank " + std::to_string(owners[i]));
+      }
     }
     auto us = std::chrono::duration_cast<std::chrono::microseconds>(
         std::chrono::steady_clock::now() - start);

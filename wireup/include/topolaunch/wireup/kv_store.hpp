@@ -49,6 +49,20 @@ class KvStore {
   virtual Status commit() = 0;
   virtual Status fence(milliseconds timeout) = 0;
   virtual Result<Bytes> get(std::string_view key, milliseconds timeout) = 0;
+  // Several keys at once (e.g. every rank's value after a fence), in the order asked, waiting
+  // until all exist or the timeout passes. The TCP store answers in one round trip; the
+  // default asks one key at a time.
+  virtual Result<std::vector<Bytes>> get_many(const std::vector<std::string>& keys,
+                                              milliseconds timeout) {
+    std::vector<Bytes> values;
+    values.reserve(keys.size());
+    for (const auto& key : keys) {
+      auto value = get(key, timeout);
+      if (!value) return value.error();
+      values.push_back(std::move(*value));
+    }
+    return values;
+  }
 
   // Conveniences over the virtuals above.
   Status put(std::string_view key, std::string_view text) {

@@ -87,6 +87,8 @@ class TcpStoreClient final : public KvStore {
   Status commit() override;                     // sends staged puts in one request
   Status fence(milliseconds timeout) override;  // commit + barrier over size() ranks
   Result<Bytes> get(std::string_view key, milliseconds timeout) override;
+  Result<std::vector<Bytes>> get_many(const std::vector<std::string>& keys,
+                                      milliseconds timeout) override;
 
   // Direct store operations (TCP backend only).
   Status set(std::string_view key, std::span<const std::byte> value);  // immediate
