@@ -187,9 +187,11 @@ Result<std::unique_ptr<Communicator>> communicator_from_env() {
       return make_error(std::string(name) + ": \"" + v + "\" is not a non-negative integer");
     return static_cast<int>(x);
   };
-  auto world = env_int("WORLD_SIZE", 1);
+  // The launcher sets TOPOLAUNCH_RANK/TOPOLAUNCH_WORLD_SIZE and the torchrun names; either works.
+  const bool ours = std::getenv("TOPOLAUNCH_WORLD_SIZE") != nullptr;
+  auto world = env_int(ours ? "TOPOLAUNCH_WORLD_SIZE" : "WORLD_SIZE", 1);
   if (!world) return world.error();
-  auto rank = env_int("RANK", 0);
+  auto rank = env_int(ours ? "TOPOLAUNCH_RANK" : "RANK", 0);
   if (!rank) return rank.error();
   if (*world <= 1) return std::unique_ptr<Communicator>(new SingleRankCommunicator());
   if (*rank >= *world)

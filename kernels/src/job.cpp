@@ -222,9 +222,6 @@ Result<WorkerConfig> load_worker_config(const std::string& path,
                       c.data.kind + "\" (known: \"text\", \"janeaustenr\", \"tokens\")");
   if (c.data.path.empty() && c.data.kind == "janeaustenr")
     c.data.path = "/usr/lib/R/site-library/janeaustenr/data/Rdata.rdb";
-  if (c.data.path.empty())
-    return make_error(where(path, data) +
-                      ": data.path: missing (a text file, a folder of text files or a .bin)");
 
   TrainSpec& t = c.train;
   r.integer(train, "train", "batch", t.batch);
@@ -290,13 +287,12 @@ Result<WorkerConfig> load_worker_config(const std::string& path,
   };
   if (auto s = size_key("memory", c.budget.memory_bytes); !s) return s.error();
   if (auto s = size_key("gpu_memory", c.budget.gpu_memory_bytes); !s) return s.error();
-  if (auto s = size_key("comm_bytes_per_step", c.budget.comm_bytes_per_step); !s) return s.error();
-  if (const toml::node* n = r.node(budget, "comm_exposed_time_per_step")) {
+  if (auto s = size_key("comm_per_step", c.budget.comm_bytes_per_step); !s) return s.error();
+  if (const toml::node* n = r.node(budget, "comm_exposed_per_step")) {
     auto v = n->is_string() ? parse_duration_ms(*n->value<std::string>())
                             : Result<double>(make_error("must be a duration"));
     if (!v)
-      return make_error(where(path, n) +
-                        ": budget.comm_exposed_time_per_step: " + v.error().message);
+      return make_error(where(path, n) + ": budget.comm_exposed_per_step: " + v.error().message);
     c.budget.comm_exposed_ms_per_step = *v;
   }
   return c;

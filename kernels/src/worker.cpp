@@ -2,8 +2,11 @@
 // AdamW, logging, checkpoints, and the SIGUSR1 "checkpoint at the step boundary and requeue".
 #include "topolaunch/kernels/worker.hpp"
 
+#include <fcntl.h>
+#include <unistd.h>
 #include <chrono>
 #include <cmath>
+
 #include <csignal>
 #include <cstdio>
 #include <fstream>
@@ -17,6 +20,30 @@
 namespace topolaunch::kernels {
 
 namespace {
+
+// Worker side of the launcher's heartbeat protocol (launcher/heartbeat.hpp, not included: kernels
+// must not depend on the launcher): overwrite TOPOLAUNCH_HEARTBEAT_FILE with the step counter.
+class Heartbeat {
+ public:
+  Heartbeat() {
+    const char* path = std::getenv("TOPOLAUNCH_HEARTBEAT_FILE");
+    if (path != nullptr && *path != '\0') fd_ = ::open(path, O_WRONLY | O_CLOEXEC);
+  }
+  ~Heartbeat() {
+    if (fd_ >= 0) ::close(fd_);
+  }
+  Heartbeat(const Heartbeat&) = delete;
+  Heartbeat& operator=(const Heartbeat&) = delete;
+  void beat(std::int64_t step) {
+    if (fd_ < 0) return;
+    const std::string text = std::to_string(step) + "\n";
+    if (::pwrite(fd_, text.data(), text.size(), 0) < 0)
+      return;  // a missed beat is the agent's to judge
+  }
+
+ private:
+  int fd_ = -1;
+};
 
 // A signal handler can only touch a lock-free flag; this is the one piece of process state.
 volatile std::sig_atomic_t g_stop_signal = 0;
@@ -76,6 +103,9 @@ int run_worker(const WorkerOptions& o, std::ostream& out, std::ostream& err) {
   Dataset data;
   const bool need_data = !o.plan_only || c.model.vocab_from_data;
   if (need_data) {
+    if (c.data.path.empty())
+      return fail(make_error(
+          c.path + ": data.path: missing (a text file, a folder of text files or an llm.c .bin)"));
     auto d = load_dataset(c.data);
     if (!d) return fail(d.error());
     data = std::move(*d);
@@ -88,7 +118,8 @@ int run_worker(const WorkerOptions& o, std::ostream& out, std::ostream& err) {
                            "); raise it or remove the key"));
 
   auto comm_env = [&]() -> int {
-    const char* w = std::getenv("WORLD_SIZE");
+    const char* w = std::getenv("TOPOLAUNCH_WORLD_SIZE");
+    if (w == nullptr) w = std::getenv("WORLD_SIZE");
     return w ? std::max(1, std::atoi(w)) : 1;
   }();
   PlanOptions po;
@@ -170,6 +201,8 @@ int run_worker(const WorkerOptions& o, std::ostream& out, std::ostream& err) {
   ::sigaction(SIGUSR1, &sa, nullptr);
   ::sigaction(SIGTERM, &sa, nullptr);
 
+  Heartbeat heartbeat;
+  heartbeat.beat(state.step);
   const std::int64_t n_tokens = static_cast<std::int64_t>(data.tokens.size());
   auto save = [&]() -> Status {
     state.rng_state = rng.state();
@@ -201,6 +234,7 @@ int run_worker(const WorkerOptions& o, std::ostream& out, std::ostream& err) {
                          : t.adamw,
                      step);
     state.step = step;
+    heartbeat.beat(step);
     // One small all-reduce per step: the mean loss and whether any rank was asked to stop.
     double stats[2] = {loss / world, g_stop_signal ? 1.0 : 0.0};
     if (auto s = comm->all_reduce_sum(std::span<double>(stats, 2)); !s) return fail(s.error());

@@ -51,8 +51,8 @@ struct TrainSpec {
 struct BudgetSpec {
   std::uint64_t memory_bytes = 0;      // [budget] memory (host, per rank): the CPU arena must fit
   std::uint64_t gpu_memory_bytes = 0;  // [budget] gpu_memory: the CUDA arena must fit
-  std::uint64_t comm_bytes_per_step = 0;
-  double comm_exposed_ms_per_step = 0;
+  std::uint64_t comm_bytes_per_step = 0;  // [budget] comm_per_step
+  double comm_exposed_ms_per_step = 0;    // [budget] comm_exposed_per_step
 };
 
 struct WorkerConfig {

@@ -1,0 +1,341 @@
+// The worker as a process: data-parallel equivalence over the TCP ring, bit-exact resume after
+// SIGUSR1 and after SIGKILL, bad input (exit 2 with a clear line), the 124M --plan-only.
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "catch.hpp"
+
+namespace fs = std::filesystem;
+
+namespace {
+
+std::string worker_path() {
+  const char* p = std::getenv("TOPOLAUNCH_WORKER");
+  if (p == nullptr) FAIL("TOPOLAUNCH_WORKER is not set (meson passes the built topolaunch-worker)");
+  return p;
+}
+
+std::string read_file(const fs::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  std::ostringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+struct TempDir {
+  fs::path path;
+  TempDir() {
+    std::string tmpl = (fs::temp_directory_path() / "tl-kernels-XXXXXX").string();
+    path = ::mkdtemp(tmpl.data());
+  }
+  ~TempDir() {
+    std::error_code ec;
+    fs::remove_all(path, ec);
+  }
+};
+
+using Env = std::vector<std::pair<std::string, std::string>>;
+
+// Starts the worker with stdout+stderr into `log`; returns its pid.
+pid_t spawn(const std::vector<std::string>& args, const Env& env, const fs::path& log) {
+  std::string exe = worker_path();  // in the parent: a failure must not happen in the child
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    const int fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    ::dup2(fd, 1);
+    ::dup2(fd, 2);
+    for (const auto& [k, v] : env) ::setenv(k.c_str(), v.c_str(), 1);
+    std::vector<char*> argv;
+    argv.push_back(exe.data());
+    std::vector<std::string> copy = args;
+    for (auto& a : copy) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    ::execv(exe.c_str(), argv.data());
+    ::_exit(127);
+  }
+  return pid;
+}
+
+int wait_exit(pid_t pid) {
+  int status = 0;
+  ::waitpid(pid, &status, 0);
+  if (WIFEXITED(status)) return WEXITSTATUS(status);
+  return 128 + WTERMSIG(status);
+}
+
+struct Result {
+  int exit_code;
+  std::string output;
+};
+
+Result run(const std::vector<std::string>& args, const Env& env, const fs::path& log) {
+  const int code = wait_exit(spawn(args, env, log));
+  return {code, read_file(log)};
+}
+
+// A tiny GPT on Jane Austen (character level): fast enough for CI on 2 busy cores.
+fs::path write_job(const fs::path& dir, const std::string& extra_model = "",
+                   const std::string& data = "") {
+  const fs::path p = dir / "job.toml";
+  std::ofstream f(p);
+  f << "[model]\nn_layer = 1\nn_embd = 16\nn_head = 2\nblock_size = 16\n" << extra_model << "\n";
+  if (data.empty()) {
+    f << "[data]\nkind = \"janeaustenr\"\n";
+  } else {
+    f << "[data]\nkind = \"text\"\npath = \"" << data << "\"\n";
+  }
+  // grad_accum fixed: the automatic choice would change the batch between 1 and 2 ranks.
+  f << "[train]\nbatch = 2\nseq_len = 16\nsteps = 20\nlearning_rate = 3e-3\nresume = "
+       "true\ngrad_accum = 1\n"
+    << "checkpoint_dir = \"" << (dir / "ckpt").string() << "\"\n";
+  return p;
+}
+
+std::vector<std::string> metric_losses(const fs::path& metrics) {
+  std::vector<std::string> losses;
+  std::istringstream in(read_file(metrics));
+  std::string line;
+  while (std::getline(in, line)) {
+    const auto a = line.find("\"loss\":") + 7;
+    losses.push_back(line.substr(a, line.find(',', a) - a));
+  }
+  return losses;
+}
+
+std::size_t count_lines(const fs::path& p) {
+  const std::string s = read_file(p);
+  return static_cast<std::size_t>(std::count(s.begin(), s.end(), '\n'));
+}
+
+int free_port_base() { return 20000 + static_cast<int>(::getpid() % 20000); }
+
+void require_janeaustenr() {
+  if (!fs::exists("/usr/lib/R/site-library/janeaustenr/data/Rdata.rdb"))
+    FAIL("Debian package r-cran-janeaustenr is not installed (apt-get install r-cran-janeaustenr)");
+}
+
+}  // namespace
+
+TEST_CASE(
+    "data parallel: 2 ranks x batch 2 give the losses of 1 rank x batch 4 over 20 steps (1e-5 "
+    "relative)") {
+  require_janeaustenr();
+  TempDir d;
+  const fs::path job = write_job(d.path);
+  const auto one =
+      run({"--set", "train.batch=4", "--set", "train.resume=false", "--set",
+           "train.metrics_file=\"" + (d.path / "one.jsonl").string() + "\"", job.string()},
+          {}, d.path / "one.log");
+  REQUIRE(one.exit_code == 0);
+  const std::string port = std::to_string(free_port_base());
+  std::vector<pid_t> pids;
+  for (int r = 0; r < 2; ++r) {
+    pids.push_back(
+        spawn({"--set", "train.batch=2", "--set", "train.resume=false", "--set",
+               "train.checkpoint_dir=\"" + (d.path / "ckpt2").string() + "\"", "--set",
+               "train.metrics_file=\"" + (d.path / "two.jsonl").string() + "\"", job.string()},
+              {{"WORLD_SIZE", "2"},
+               {"RANK", std::to_string(r)},
+               {"MASTER_ADDR", "127.0.0.1"},
+               {"MASTER_PORT", port}},
+              d.path / ("two-" + std::to_string(r) + ".log")));
+  }
+  for (auto pid : pids) REQUIRE(wait_exit(pid) == 0);
+  const auto a = metric_losses(d.path / "one.jsonl"), b = metric_losses(d.path / "two.jsonl");
+  REQUIRE(a.size() == 20);
+  REQUIRE(b.size() == 20);
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    const double x = std::stod(a[i]), y = std::stod(b[i]);
+    INFO("step " << i + 1 << ": 1 rank " << a[i] << ", 2 ranks " << b[i]);
+    CHECK(std::abs(x - y) <= 1e-5 * std::abs(x));
+  }
+  CHECK(std::stod(a.back()) < std::stod(a.front()));
+}
+
+TEST_CASE(
+    "resume after SIGUSR1: exit 75 at a step boundary, later losses equal the uninterrupted run "
+    "bit for bit") {
+  require_janeaustenr();
+  TempDir d;
+  const fs::path job = write_job(d.path);
+  const auto ref =
+      run({"--set", "train.steps=30", "--set", "train.resume=false", "--set",
+           "train.checkpoint_dir=\"" + (d.path / "ref").string() + "\"", "--set",
+           "train.metrics_file=\"" + (d.path / "ref.jsonl").string() + "\"", job.string()},
+          {}, d.path / "ref.log");
+  REQUIRE(ref.exit_code == 0);
+  const fs::path metrics = d.path / "int.jsonl";
+  const pid_t pid = spawn({"--set", "train.steps=100000", "--set",
+                           "train.metrics_file=\"" + metrics.string() + "\"", job.string()},
+                          {}, d.path / "int.log");
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  while (count_lines(metrics) < 5 && std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  ::kill(pid, SIGUSR1);
+  REQUIRE(wait_exit(pid) == 75);
+  const std::string log = read_file(d.path / "int.log");
+  INFO(log);
+  REQUIRE(log.find("stopped by SIGUSR1 after step") != std::string::npos);
+  const std::size_t k = count_lines(metrics);
+  REQUIRE(k < 30);
+  const auto resumed = run({"--set", "train.steps=30", "--set",
+                            "train.metrics_file=\"" + metrics.string() + "\"", job.string()},
+                           {}, d.path / "resume.log");
+  REQUIRE(resumed.exit_code == 0);
+  CHECK(resumed.output.find("resumed from") != std::string::npos);
+  const auto a = metric_losses(d.path / "ref.jsonl"), b = metric_losses(metrics);
+  REQUIRE(a.size() == 30);
+  REQUIRE(b.size() == 30);
+  for (std::size_t i = 0; i < 30; ++i) {
+    INFO("step " << i + 1);
+    CHECK(a[i] == b[i]);  // %.17g text: equal strings mean equal doubles
+  }
+}
+
+TEST_CASE(
+    "resume after SIGKILL: the last complete checkpoint loads and the run continues bit for bit") {
+  require_janeaustenr();
+  TempDir d;
+  const fs::path job = write_job(d.path);
+  const auto ref =
+      run({"--set", "train.steps=30", "--set", "train.resume=false", "--set",
+           "train.checkpoint_dir=\"" + (d.path / "ref").string() + "\"", "--set",
+           "train.metrics_file=\"" + (d.path / "ref.jsonl").string() + "\"", job.string()},
+          {}, d.path / "ref.log");
+  REQUIRE(ref.exit_code == 0);
+  const fs::path metrics = d.path / "killed.jsonl";
+  const pid_t pid =
+      spawn({"--set", "train.steps=100000", "--set", "train.checkpoint_every=1", "--set",
+             "train.metrics_file=\"" + metrics.string() + "\"", job.string()},
+            {}, d.path / "killed.log");
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  while (count_lines(metrics) < 6 && std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(std::chrono::milliseconds(3));
+  ::kill(pid, SIGKILL);
+  wait_exit(pid);
+  const fs::path resumed_metrics = d.path / "resumed.jsonl";
+  const auto resumed =
+      run({"--set", "train.steps=30", "--set",
+           "train.metrics_file=\"" + resumed_metrics.string() + "\"", job.string()},
+          {}, d.path / "resume.log");
+  INFO(resumed.output);
+  REQUIRE(resumed.exit_code == 0);
+  const auto at = resumed.output.find("at step ");
+  REQUIRE(at != std::string::npos);
+  const std::size_t k = std::stoul(resumed.output.substr(at + 8));
+  REQUIRE(k >= 5);
+  const auto a = metric_losses(d.path / "ref.jsonl"), b = metric_losses(resumed_metrics);
+  REQUIRE(b.size() == 30 - k);
+  for (std::size_t i = 0; i < b.size(); ++i) CHECK(a[k + i] == b[i]);
+}
+
+TEST_CASE("bad input exits 2 with one clear line") {
+  TempDir d;
+  SECTION("n_embd not divisible by n_head") {
+    const fs::path job = write_job(d.path);
+    const auto r = run({"--set", "model.n_embd=30", "--set", "model.n_head=4", job.string()}, {},
+                       d.path / "log");
+    CHECK(r.exit_code == 2);
+    CHECK_THAT(r.output, Catch::Contains("model.n_embd: 30 is not divisible by model.n_head = 4"));
+  }
+  SECTION("unknown model kind, with file:line:column") {
+    const fs::path job = write_job(d.path, "kind = \"rnn\"");
+    const auto r = run({job.string()}, {}, d.path / "log");
+    CHECK(r.exit_code == 2);
+    CHECK_THAT(r.output, Catch::Contains("job.toml:6:8: model.kind: unknown model kind \"rnn\""));
+  }
+  SECTION("empty data file") {
+    std::ofstream(d.path / "empty.txt").close();
+    const auto r =
+        run({write_job(d.path, "", (d.path / "empty.txt").string()).string()}, {}, d.path / "log");
+    CHECK(r.exit_code == 2);
+    CHECK_THAT(r.output, Catch::Contains("is empty"));
+  }
+  SECTION("non-text data file") {
+    std::ofstream bin(d.path / "blob.txt", std::ios::binary);
+    for (int i = 0; i < 4096; ++i) bin.put(static_cast<char>(i * 37 % 256));
+    bin.close();
+    const auto r =
+        run({write_job(d.path, "", (d.path / "blob.txt").string()).string()}, {}, d.path / "log");
+    CHECK(r.exit_code == 2);
+    CHECK_THAT(r.output, Catch::Contains("is not a text file"));
+  }
+}
+
+TEST_CASE(
+    "checkpoints from another model, truncated or corrupt are refused (exit 2) and never loaded") {
+  require_janeaustenr();
+  TempDir d;
+  const fs::path job = write_job(d.path);
+  REQUIRE(run({"--set", "train.steps=2", job.string()}, {}, d.path / "first.log").exit_code == 0);
+  const fs::path ckpt = d.path / "ckpt" / "checkpoint.bin";
+  REQUIRE(fs::exists(ckpt));
+  const std::string good = read_file(ckpt);
+  SECTION("another model") {
+    const auto r = run({"--set", "train.steps=4", "--set", "model.n_embd=32", job.string()}, {},
+                       d.path / "log");
+    CHECK(r.exit_code == 2);
+    CHECK_THAT(r.output, Catch::Contains("was written by a different model"));
+  }
+  SECTION("truncated") {
+    fs::resize_file(ckpt, good.size() - 100);
+    const auto r = run({"--set", "train.steps=4", job.string()}, {}, d.path / "log");
+    CHECK(r.exit_code == 2);
+    CHECK_THAT(r.output, Catch::Contains("is truncated"));
+  }
+  SECTION("one flipped byte") {
+    std::string bad = good;
+    bad[bad.size() / 2] = static_cast<char>(bad[bad.size() / 2] ^ 0x40);
+    std::ofstream(ckpt, std::ios::binary) << bad;
+    const auto r = run({"--set", "train.steps=4", job.string()}, {}, d.path / "log");
+    CHECK(r.exit_code == 2);
+    CHECK_THAT(r.output, Catch::Contains("fails its checksum"));
+    CHECK(read_file(ckpt) == bad);  // refused before training: nothing overwrote it
+  }
+}
+
+TEST_CASE(
+    "--plan-only on GPT-2 124M (bf16, B=64): under a second, refuses a budget with the smallest "
+    "that fits") {
+  TempDir d;
+  const fs::path job = d.path / "gpt2.toml";
+  std::ofstream(job)
+      << "[model]\nn_layer = 12\nn_embd = 768\nn_head = 12\nblock_size = 1024\nvocab_size = 50257\n"
+         "padded_vocab = 50304\n[train]\nbatch = 64\nseq_len = 1024\nprecision = \"bf16\"\n"
+         "[budget]\ngpu_memory = \"120GiB\"\n";
+  const auto t0 = std::chrono::steady_clock::now();
+  const auto r = run({"--plan-only", job.string()}, {}, d.path / "log");
+  const double wall_s =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  INFO(r.output);
+  REQUIRE(r.exit_code == 0);
+  CHECK_THAT(r.output, Catch::Contains("arena / lower bound"));
+  CHECK_THAT(r.output, Catch::Contains("recompute: none"));
+  WARN("--plan-only 124M wall time " << wall_s << " s");
+  const auto at = r.output.find("planned in ");
+  REQUIRE(at != std::string::npos);
+  CHECK(std::stod(r.output.substr(at + 11)) < 1000.0);
+  const auto tight = run({"--plan-only", "--set", "budget.gpu_memory=\"16GiB\"", job.string()}, {},
+                         d.path / "log2");
+  CHECK(tight.exit_code == 0);
+  CHECK_THAT(tight.output, Catch::Contains("recompute: "));
+  CHECK_THAT(tight.output, Catch::Contains("fits"));
+  const auto refused = run({"--plan-only", "--set", "budget.gpu_memory=\"1GiB\"", job.string()}, {},
+                           d.path / "log3");
+  CHECK(refused.exit_code == 2);
+  CHECK_THAT(refused.output,
+             Catch::Contains("below the parameters, gradients and optimizer state"));
+  CHECK_THAT(refused.output, Catch::Contains("the smallest budget that fits"));
+}
