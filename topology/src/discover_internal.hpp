@@ -42,14 +42,21 @@ NodeTopology convert(hwloc_topology_t topology, const DiscoverOptions& options,
 // hwloc did not set them).
 void annotate_from_sysfs(hwloc_topology_t topology, const std::string& sysfs_root = "/sys");
 
+// One active NVLink of a GPU as NVML reports it. In VMs the switches are hidden: the remote
+// bus id is then "FFFFFFFF:FF:FF.0" (seen on H200 VMs) and only the remote type says NVSwitch.
+enum class NvLinkRemote { gpu, nvswitch, cpu, unknown };
+struct NvmlLink {
+  std::string remote_busid;  // as NVML prints it
+  NvLinkRemote remote = NvLinkRemote::unknown;
+};
+
 // What NVML says about one GPU (R-ID-5: matched to our GPUs by PCI bus id).
 struct NvmlGpu {
   PciAddress busid;
   std::string uuid;
   std::string model;
-  // One entry per active NVLink: the remote end's bus id, and whether it is an NVSwitch
-  // (anything that is not one of the node's GPUs counts as a switch).
-  std::vector<PciAddress> link_remotes;
+  int nvlink_version = 0;       // NVML numbering: 1 = NVLink1 ... 6 = NVLink4 (H100), 7 = NVLink5
+  std::vector<NvmlLink> links;  // active links only
 };
 
 struct NvmlReport {
@@ -61,8 +68,9 @@ struct NvmlReport {
 // dlopens libnvidia-ml.so.1 (never linked); available=false without error when it is absent.
 NvmlReport query_nvml();
 
-// Pure: UUIDs, models and NVLink counts (R-NV-1) into the model. Direct GPU<->GPU links are
-// counted per pair; for NVSwitch fabrics NV# = min(switch links of a, switch links of b).
+// Pure: UUIDs, models and NVLink counts (R-NV-1) into the model. Links to one of the node's
+// GPUs count per pair; links to anything else but a CPU count as switch links, and two GPUs that
+// reach the same switches get NV# = min(switch links of a, switch links of b).
 void apply_nvml(NodeTopology& topo, const NvmlReport& report);
 
 }  // namespace topolaunch::topology::detail

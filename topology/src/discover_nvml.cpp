@@ -38,7 +38,23 @@ struct NvmlApi {
   nvmlReturn_t (*name)(nvmlDevice_t, char*, unsigned);
   nvmlReturn_t (*link_state)(nvmlDevice_t, unsigned, int*);
   nvmlReturn_t (*remote_pci)(nvmlDevice_t, unsigned, nvmlPciInfo_t*);
+  nvmlReturn_t (*remote_type)(nvmlDevice_t, unsigned, int*);   // optional (drivers >= 460)
+  nvmlReturn_t (*version)(nvmlDevice_t, unsigned, unsigned*);  // optional
 };
+
+// nvmlIntNvLinkDeviceType_t
+NvLinkRemote remote_kind(int type) {
+  switch (type) {
+    case 0:
+      return NvLinkRemote::gpu;
+    case 1:
+      return NvLinkRemote::cpu;  // IBM NPU (POWER9 CPU)
+    case 2:
+      return NvLinkRemote::nvswitch;
+    default:
+      return NvLinkRemote::unknown;
+  }
+}
 
 class Library {
  public:
@@ -61,6 +77,12 @@ class Library {
 
 std::optional<PciAddress> address_of(const nvmlPciInfo_t& info) {
   return PciAddress::parse(std::string_view(info.busId, strnlen(info.busId, sizeof info.busId)));
+}
+
+int per_link_mbps_of_version(int version) {
+  if (version == 1) return 20000;  // NVLink1 (P100)
+  if (version >= 7) return 50000;  // NVLink5 (B200)
+  return 25000;
 }
 
 }  // namespace
@@ -86,6 +108,10 @@ NvmlReport query_nvml() {
   // NVLink entry points are optional (PCIe-only drivers/GPUs).
   const bool nvlink = lib.load(api.link_state, "nvmlDeviceGetNvLinkState") &&
                       lib.load(api.remote_pci, "nvmlDeviceGetNvLinkRemotePciInfo_v2");
+  if (nvlink) {
+    lib.load(api.remote_type, "nvmlDeviceGetNvLinkRemoteDeviceType");
+    lib.load(api.version, "nvmlDeviceGetNvLinkVersion");
+  }
   if (api.init() != kNvmlSuccess) {
     report.why_not = "nvmlInit failed (driver not loaded?)";
     return report;
@@ -113,7 +139,18 @@ NvmlReport query_nvml() {
             api.remote_pci(device, link, &remote) != kNvmlSuccess) {
           continue;
         }
-        if (auto remote_busid = address_of(remote)) gpu.link_remotes.push_back(*remote_busid);
+        NvmlLink nvlink_info;
+        nvlink_info.remote_busid.assign(remote.busId, strnlen(remote.busId, sizeof remote.busId));
+        int type = -1;
+        if (api.remote_type != nullptr && api.remote_type(device, link, &type) == kNvmlSuccess) {
+          nvlink_info.remote = remote_kind(type);
+        }
+        unsigned version = 0;
+        if (gpu.nvlink_version == 0 && api.version != nullptr &&
+            api.version(device, link, &version) == kNvmlSuccess) {
+          gpu.nvlink_version = static_cast<int>(version);
+        }
+        gpu.links.push_back(std::move(nvlink_info));
       }
       report.gpus.push_back(std::move(gpu));
     }
@@ -133,22 +170,23 @@ void apply_nvml(NodeTopology& topo, const NvmlReport& report) {
     }
     return -1;
   };
-  std::vector<std::map<int, int>> direct(n);  // GPU i -> peer GPU -> links
-  std::vector<std::map<PciAddress, int>> switch_links(n);
-  bool any_link = false;
+  std::vector<std::map<int, int>> direct(n);                // GPU i -> peer GPU -> links
+  std::vector<std::map<std::string, int>> switch_links(n);  // GPU i -> switch bus id -> links
+  int nvlink_version = 0;
   for (const NvmlGpu& g : report.gpus) {
     const int i = index_of(g.busid);  // R-ID-5: by bus id, never by NVML index
     if (i < 0) continue;
     Gpu& gpu = topo.gpus[static_cast<std::size_t>(i)];
     if (!g.uuid.empty()) gpu.uuid = g.uuid;
     if (!g.model.empty()) gpu.model = g.model;
-    for (const PciAddress& remote : g.link_remotes) {
-      any_link = true;
-      const int peer = index_of(remote);
+    if (nvlink_version == 0) nvlink_version = g.nvlink_version;
+    for (const NvmlLink& link : g.links) {
+      const auto remote = PciAddress::parse(link.remote_busid);
+      const int peer = remote ? index_of(*remote) : -1;
       if (peer >= 0) {
         ++direct[static_cast<std::size_t>(i)][peer];
-      } else {
-        ++switch_links[static_cast<std::size_t>(i)][remote];
+      } else if (link.remote != NvLinkRemote::cpu) {
+        ++switch_links[static_cast<std::size_t>(i)][link.remote_busid];
       }
     }
   }
@@ -174,7 +212,10 @@ void apply_nvml(NodeTopology& topo, const NvmlReport& report) {
     }
   }
   topo.sources.nvlink_known = true;
-  if (any_link) topo.nvlink_per_link_mbps = 25000;
+  bool any_link = false;
+  for (std::size_t i = 0; i < n; ++i)
+    any_link = any_link || !direct[i].empty() || !switch_links[i].empty();
+  if (any_link) topo.nvlink_per_link_mbps = per_link_mbps_of_version(nvlink_version);
 }
 
 }  // namespace topolaunch::topology::detail

@@ -5,7 +5,9 @@
 
 using namespace topolaunch::topology;
 using topolaunch::topology::detail::apply_nvml;
+using topolaunch::topology::detail::NvLinkRemote;
 using topolaunch::topology::detail::NvmlGpu;
+using topolaunch::topology::detail::NvmlLink;
 using topolaunch::topology::detail::NvmlReport;
 
 namespace {
@@ -49,12 +51,16 @@ TEST_CASE("NVSwitch fabric: NV# = min of both GPUs' switch links, matched by bus
     for (unsigned sw = 0; sw < 4; ++sw) {
       // GPU2 has one link down on the first switch: 17 links.
       const int links = per_switch[sw] - (i == 2 && sw == 0 ? 1 : 0);
-      for (int l = 0; l < links; ++l) g.link_remotes.push_back(bus(0xe6 + sw));
+      for (int l = 0; l < links; ++l) {
+        g.links.push_back({bus(0xe6 + sw).to_string(), NvLinkRemote::nvswitch});
+      }
     }
+    g.nvlink_version = 6;
     report.gpus.push_back(g);
   }
   apply_nvml(topo, report);
   CHECK(topo.sources.nvml);
+  CHECK(topo.nvlink_per_link_mbps == 25000);
   CHECK(topo.sources.nvlink_known);
   CHECK(topo.gpus[0].uuid == "GPU-0");
   CHECK(topo.gpus[3].uuid == "GPU-3");
@@ -76,7 +82,8 @@ TEST_CASE("Direct NVLink mesh: links counted per peer; GPUs without NVLink get z
     g.busid = bus(0x10 + i);
     for (unsigned peer = 0; peer < 3; ++peer) {
       if (peer == i) continue;
-      for (int l = 0; l < 4; ++l) g.link_remotes.push_back(bus(0x10 + peer));
+      for (int l = 0; l < 4; ++l)
+        g.links.push_back({bus(0x10 + peer).to_string(), NvLinkRemote::gpu});
     }
     report.gpus.push_back(g);
   }
@@ -86,4 +93,44 @@ TEST_CASE("Direct NVLink mesh: links counted per peer; GPUs without NVLink get z
   CHECK(topo.nvlinks[2][0] == 4);
   CHECK(topo.nvlinks[0][3] == 0);
   CHECK(topo.nvlinks[3][0] == 0);
+}
+
+TEST_CASE("VM with hidden NVSwitches (H200 VM: remote FFFFFFFF:FF:FF.0, type switch) is NV18",
+          "[nvml]") {
+  NodeTopology topo = four_gpus();
+  topo.gpus.resize(2);
+  NvmlReport report;
+  report.available = true;
+  for (unsigned i = 0; i < 2; ++i) {
+    NvmlGpu g;
+    g.busid = bus(0x10 + i);
+    g.nvlink_version = 6;
+    for (int l = 0; l < 18; ++l) g.links.push_back({"FFFFFFFF:FF:FF.0", NvLinkRemote::nvswitch});
+    report.gpus.push_back(g);
+  }
+  apply_nvml(topo, report);
+  REQUIRE(topo.nvlinks.size() == 2);
+  CHECK(topo.nvlinks[0][1] == 18);
+  CHECK(topo.nvlinks[1][0] == 18);
+}
+
+TEST_CASE("POWER9: NVLinks to the CPU are no GPU links; NVLink1 is 20000 MB/s per link", "[nvml]") {
+  NodeTopology topo = four_gpus();
+  NvmlReport report;
+  report.available = true;
+  for (unsigned i = 0; i < 4; ++i) {
+    NvmlGpu g;
+    g.busid = bus(0x10 + i);
+    g.nvlink_version = 1;
+    const unsigned peer = i ^ 1u;  // pairs 0-1, 2-3
+    for (int l = 0; l < 2; ++l)
+      g.links.push_back({bus(0x10 + peer).to_string(), NvLinkRemote::gpu});
+    for (int l = 0; l < 2; ++l) g.links.push_back({"0000:00:00.0", NvLinkRemote::cpu});
+    report.gpus.push_back(g);
+  }
+  apply_nvml(topo, report);
+  CHECK(topo.nvlinks[0][1] == 2);
+  CHECK(topo.nvlinks[2][3] == 2);
+  CHECK(topo.nvlinks[0][2] == 0);
+  CHECK(topo.nvlink_per_link_mbps == 20000);
 }
