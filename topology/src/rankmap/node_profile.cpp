@@ -36,6 +36,11 @@ std::unique_ptr<NodeProfile> build_profile(std::shared_ptr<const NodeTopology> t
     profile->core_numa.push_back(core.numa);
     profile->core_package.push_back(core.package);
   }
+  profile->usable_pus =
+      topo.allowed_cpus.empty() ? profile->all_pus : topo.allowed_cpus & profile->all_pus;
+  if (profile->usable_pus.empty()) {
+    profile->usable_pus = topo.allowed_cpus;
+  }
   for (const Gpu& gpu : topo.gpus) {
     int numa = topo.locality_known ? gpu.numa : -1;
     profile->gpu_numa.push_back(numa);
@@ -52,6 +57,8 @@ std::unique_ptr<NodeProfile> build_profile(std::shared_ptr<const NodeTopology> t
       }
     }
     profile->gpu_package.push_back(package);
+    const NumaNode* host = numa >= 0 ? topo.numa(numa) : nullptr;
+    profile->gpu_numa_cpus.push_back(host ? host->cpus : CpuSet{});
     profile->gpu_pcie_mbps.push_back(pcie_mbps(gpu.link));
   }
   // NVLink domains: connected components of the NVLink graph; without NVLink data the whole node
@@ -321,10 +328,7 @@ Result<std::vector<ResolvedNode>> resolve_nodes(const std::vector<NodeInput>& in
       }
     }
     const NodeProfile& profile = cache.get(node.profile);
-    CpuSet base = topo.allowed_cpus.empty() ? profile.all_pus : topo.allowed_cpus & profile.all_pus;
-    if (base.empty()) {
-      base = topo.allowed_cpus;
-    }
+    const CpuSet& base = profile.usable_pus;
     node.cpus = alloc.cpus ? (base & *alloc.cpus) : base;
     if (node.cpus.empty()) {
       return make_error(fmt::format(

@@ -30,7 +30,9 @@ struct NodeProfile {
   std::vector<std::vector<int>> closest_nics;  // per GPU: selected NICs with the best relation
   std::vector<int> selected_nics;              // indexes, in NIC order
   CpuSet all_pus;
-  std::vector<int> core_numa;  // per topology core
+  CpuSet usable_pus;                  // allowed_cpus of the topology (all PUs when not given)
+  std::vector<CpuSet> gpu_numa_cpus;  // CPUs of each GPU's NUMA node, empty when unknown
+  std::vector<int> core_numa;         // per topology core
   std::vector<int> core_package;
 
   double gpu_gpu(int a, int b) const {

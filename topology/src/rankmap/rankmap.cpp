@@ -255,7 +255,11 @@ Result<RankMap> explicit_map(const std::vector<ResolvedNode>& nodes, ProfileCach
 }  // namespace
 
 Result<RankMap> compute_rank_map(const std::vector<NodeInput>& inputs, const MappingSpec& spec,
-                                 const SwitchTree* tree) {
+                                 const SwitchTree* tree, const RankMapOptions& options) {
+  auto wants_env = [&](const std::string& node) {
+    return options.environment &&
+           (options.environment_node.empty() || options.environment_node == node);
+  };
   if (auto status = validate_spec(spec); !status) {
     return status.error();
   }
@@ -274,6 +278,7 @@ Result<RankMap> compute_rank_map(const std::vector<NodeInput>& inputs, const Map
     auto out = explicit_map(nodes, cache, spec, std::move(map), seen);
     if (!out) return out.error();
     for (auto& rank : out->ranks) {
+      if (!wants_env(nodes[rank.node].name)) continue;
       fill_env(rank, *out, nodes[rank.node], cache.get(nodes[rank.node].profile), spec);
     }
     return out;
@@ -422,6 +427,7 @@ Result<RankMap> compute_rank_map(const std::vector<NodeInput>& inputs, const Map
   }
   for (auto& rank : map.ranks) {
     const ResolvedNode& node = nodes[order[rank.node]];
+    if (!wants_env(node.name)) continue;
     fill_env(rank, map, node, cache.get(node.profile), spec);
   }
   return map;

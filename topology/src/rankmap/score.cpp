@@ -166,7 +166,7 @@ Result<MapScore> score_rank_map(const RankMap& map, const std::vector<NodeInput>
     if (f.gpu >= 0) {
       int numa = profile.gpu_numa[f.gpu];
       if (numa >= 0) {
-        CpuSet local = profile.numa_cpus(numa);
+        const CpuSet& local = profile.gpu_numa_cpus[f.gpu];
         if (!local.empty() && !local.contains_all(a.cpus)) score.ranks_cpus_off_numa++;
         if (a.numa != numa) score.ranks_memory_off_numa++;
       }

@@ -99,8 +99,16 @@ struct RankMap {
 // The map. Errors (exit code 2) say what is impossible and what would work, e.g.
 // "mapping.tensor: tensor=16 needs 16 ranks in one NVLink domain, but node n1 has at most 8;
 // use tensor <= 8 (e.g. tensor=8, data=auto)".
+struct RankMapOptions {
+  // Fill RankAssignment::env. An agent needs the environment of its own ranks only: naming its
+  // node skips building ~20 strings for each of the other ranks (most of the time at 8k ranks).
+  bool environment = true;
+  std::string environment_node;  // "" = every node
+};
+
 Result<RankMap> compute_rank_map(const std::vector<NodeInput>& nodes, const MappingSpec& spec,
-                                 const SwitchTree* tree = nullptr);
+                                 const SwitchTree* tree = nullptr,
+                                 const RankMapOptions& options = {});
 
 // Baselines, computed on the same inputs (same world size and parallel layout) for scoring:
 // Slurm's default placement: nodes by name, block distribution of ranks, tasks cyclic over
