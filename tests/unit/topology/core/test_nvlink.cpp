@@ -76,3 +76,33 @@ TEST_CASE("no NVLinkBandwidth matrix: NVLink unknown, PCIe relations only", "[nv
   CHECK(relation_between(topo, {DeviceRef::Kind::gpu, 0}, {DeviceRef::Kind::gpu, 1}).to_string() ==
         "NODE");
 }
+
+TEST_CASE("4x GH200: GPU memory NUMA nodes are not host memory; domains sort; NV6; NIC NODE",
+          "[nvlink][gh200]") {
+  const NodeTopology topo = load(fixture("topology/gh200-quad.xml"));
+  REQUIRE(topo.gpus.size() == 4);
+  REQUIRE(topo.nics.size() == 4);
+  const std::vector<std::string> busids = {"0009:01:00.0", "0019:01:00.0", "0029:01:00.0",
+                                           "0039:01:00.0"};
+  for (int i = 0; i < 4; ++i) {
+    const Gpu& gpu = topo.gpus[static_cast<std::size_t>(i)];
+    CHECK(gpu.busid.to_string() == busids[static_cast<std::size_t>(i)]);
+    // R-LOC-3: the package holds the Grace node and the GPU's HBM node; host NUMA = Grace.
+    CHECK(gpu.numa == i);
+    CHECK(gpu.cpus.size() == 4);
+    CHECK(closest_nics(topo, i) == std::vector<int>{i});
+    CHECK(pcie_relation(topo, {DeviceRef::Kind::gpu, i}, {DeviceRef::Kind::nic, i}).to_string() ==
+          "NODE");
+  }
+  REQUIRE(topo.numa_nodes.size() == 8);
+  const NumaNode* hbm = topo.numa(4);
+  REQUIRE(hbm != nullptr);
+  CHECK(hbm->gpu_memory);
+  REQUIRE(hbm->gpu_busid);
+  CHECK(hbm->gpu_busid->to_string() == "0009:01:00.0");
+  CHECK_FALSE(topo.numa(0)->gpu_memory);
+  for (const Core& core : topo.cores) CHECK(core.numa < 4);  // cores live on Grace memory
+  check_all_pairs(topo, "NV6");
+  CHECK(pcie_relation(topo, {DeviceRef::Kind::gpu, 0}, {DeviceRef::Kind::gpu, 1}).to_string() ==
+        "SYS");
+}
