@@ -25,6 +25,16 @@ Finding make(std::string_view code, Severity severity, std::string object, std::
 
 bool is_compute(const Nic& nic) { return nic.role == NicRole::compute; }
 
+// Position of a device in its topology's vector: what DeviceRef and nvlinks index by. (The
+// devices' own `index` fields equal it in every loaded topology; positions stay right even for
+// a hand-edited one.)
+int position(const NodeTopology& topo, const Gpu* gpu) {
+  return static_cast<int>(gpu - topo.gpus.data());
+}
+int position(const NodeTopology& topo, const Nic* nic) {
+  return static_cast<int>(nic - topo.nics.data());
+}
+
 // ---- checks without a baseline ----------------------------------------------------------------
 
 void check_links(const std::string& object, const PcieLink& link, bool is_gpu,
@@ -68,20 +78,20 @@ std::vector<Finding> check_topology(const NodeTopology& topo) {
   if (!topo.locality_known) {
     out.push_back(make(codes::kLocalityUnknown, Severity::warning, "node",
                        "PCI devices have no locality (VM or BIOS without _PXM): NUMA placement "
-                       "of GPUs and NICs is unknown",
-                       "known", "unknown"));
+                       "of GPUs and NICs is unknown"));
   }
 
   // R-MAP-5: a GPU whose best compute NIC is across the SMP interconnect.
   const bool have_compute_nic = std::any_of(topo.nics.begin(), topo.nics.end(), is_compute);
   if (have_compute_nic) {
     for (const Gpu& gpu : topo.gpus) {
-      const std::vector<int> best = closest_nics(topo, gpu.index);
+      const int at = position(topo, &gpu);
+      const std::vector<int> best = closest_nics(topo, at);
       if (best.empty()) {
         continue;
       }
-      const Relation r = pcie_relation(topo, {DeviceRef::Kind::gpu, gpu.index},
-                                       {DeviceRef::Kind::nic, best.front()});
+      const Relation r =
+          pcie_relation(topo, {DeviceRef::Kind::gpu, at}, {DeviceRef::Kind::nic, best.front()});
       if (r.kind == RelationKind::SYS) {
         out.push_back(make(codes::kGpuWithoutLocalNic, Severity::warning, describe::gpu_object(gpu),
                            "no compute NIC closer than SYS: its traffic crosses the SMP "
@@ -199,9 +209,8 @@ std::vector<Finding> compare_to_baseline(const NodeTopology& expected, const Nod
   const bool locality_lost = expected.locality_known && !actual.locality_known;
   if (locality_lost) {
     // One finding instead of one TOPO301 per device: the cause is the node, not each device.
-    out.push_back(make(codes::kLocalityUnknown, Severity::error, "node",
-                       "PCI devices lost their locality (BIOS _PXM/SRAT, VM, kernel?)", "known",
-                       "unknown"));
+    out.push_back(make(codes::kLocalityUnknown, Severity::error, "node", "PCI device locality",
+                       "known", "unknown"));
   }
 
   // GPUs by bus id. Missing bus ids are "moved" when the count is unchanged.
@@ -328,8 +337,8 @@ std::vector<Finding> compare_to_baseline(const NodeTopology& expected, const Nod
             continue;
           }
           const int want = expected.nvlinks[i][j];
-          const auto ia = static_cast<std::size_t>(ai->index);
-          const auto ja = static_cast<std::size_t>(aj->index);
+          const auto ia = static_cast<std::size_t>(position(actual, ai));
+          const auto ja = static_cast<std::size_t>(position(actual, aj));
           const int have = ia < actual.nvlinks.size() && ja < actual.nvlinks[ia].size()
                                ? actual.nvlinks[ia][ja]
                                : 0;
@@ -363,22 +372,24 @@ std::vector<Finding> compare_to_baseline(const NodeTopology& expected, const Nod
     if (ai == nullptr) {
       continue;
     }
-    const DeviceRef ei_ref{DeviceRef::Kind::gpu, gpus[i].expected->index};
-    const DeviceRef ai_ref{DeviceRef::Kind::gpu, ai->index};
+    const DeviceRef ei_ref{DeviceRef::Kind::gpu, position(expected, gpus[i].expected)};
+    const DeviceRef ai_ref{DeviceRef::Kind::gpu, position(actual, ai)};
     for (std::size_t j = i + 1; j < gpus.size(); ++j) {
       const Gpu* aj = gpus[j].actual;
       if (aj == nullptr) {
         continue;
       }
-      worse(ei_ref, {DeviceRef::Kind::gpu, gpus[j].expected->index}, ai_ref,
-            {DeviceRef::Kind::gpu, aj->index}, fmt::format("GPU{}-GPU{}", ai->index, aj->index));
+      worse(ei_ref, {DeviceRef::Kind::gpu, position(expected, gpus[j].expected)}, ai_ref,
+            {DeviceRef::Kind::gpu, position(actual, aj)},
+            fmt::format("GPU{}-GPU{}", ai->index, aj->index));
     }
     for (const Nic& e : expected.nics) {
       const Nic* a = find_nic(actual, e);
       if (a == nullptr) {
         continue;
       }
-      worse(ei_ref, {DeviceRef::Kind::nic, e.index}, ai_ref, {DeviceRef::Kind::nic, a->index},
+      worse(ei_ref, {DeviceRef::Kind::nic, position(expected, &e)}, ai_ref,
+            {DeviceRef::Kind::nic, position(actual, a)},
             fmt::format("GPU{}-{}", ai->index, a->name.empty() ? a->busid.to_string() : a->name));
     }
   }

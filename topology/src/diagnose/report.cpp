@@ -56,6 +56,10 @@ std::string join(const std::vector<std::string>& items, std::string_view sep) {
   return out;
 }
 
+std::string plural(std::size_t count, std::string_view noun) {
+  return fmt::format("{} {}{}", count, noun, count == 1 ? "" : "s");
+}
+
 void append_summary(std::string& out, const NodeTopology& topo, const ReportStyle& style) {
   std::vector<Row> rows;
   std::string node = topo.hostname.empty() ? "(unknown host)" : topo.hostname;
@@ -64,14 +68,14 @@ void append_summary(std::string& out, const NodeTopology& topo, const ReportStyl
   }
   rows.push_back({"Node", node});
   std::string source = topo.sources.origin.empty() ? "live" : topo.sources.origin;
-  if (!topo.sources.hwloc_file_version.empty()) {
+  if (!topo.sources.hwloc_file_version.empty() && source != "live") {
     source += fmt::format(" (written by hwloc {})", topo.sources.hwloc_file_version);
   }
   rows.push_back({"Source", source});
 
   const std::size_t threads = topo.pu_count();
-  std::string cpus = fmt::format("{} sockets, {} cores, {} threads", topo.packages.size(),
-                                 topo.cores.size(), threads);
+  std::string cpus = fmt::format("{}, {}, {}", plural(topo.packages.size(), "socket"),
+                                 plural(topo.cores.size(), "core"), plural(threads, "thread"));
   if (!topo.cores.empty() && threads % topo.cores.size() == 0 && threads > topo.cores.size()) {
     cpus += fmt::format(" (SMT{})", threads / topo.cores.size());
   }
@@ -84,8 +88,8 @@ void append_summary(std::string& out, const NodeTopology& topo, const ReportStyl
   for (const NumaNode* n : host_numa) {
     memory += n->memory_bytes;
   }
-  rows.push_back(
-      {"Memory", fmt::format("{} in {} NUMA nodes", describe::bytes(memory), host_numa.size())});
+  rows.push_back({"Memory", fmt::format("{} in {}", describe::bytes(memory),
+                                        plural(host_numa.size(), "NUMA node"))});
   if (style.verbose) {
     rows.push_back({"hwloc", topo.sources.hwloc_api_version.empty()
                                  ? std::string("?")
