@@ -126,9 +126,11 @@ int run_worker(const WorkerOptions& o, std::ostream& out, std::ostream& err) {
   po.memory_budget_bytes =
       c.train.precision == "bf16" ? c.budget.gpu_memory_bytes : c.budget.memory_bytes;
   po.comm.world_size = comm_env;
-  po.comm.link_gbytes_per_s = c.train.link_gbytes_per_s;
-  po.comm.latency_us = c.train.collective_latency_us;
-  po.comm.compute_gflops = c.train.compute_gflops;
+  const bool gpu = c.train.precision == "bf16";
+  auto or_default = [](double v, double fallback) { return v > 0 ? v : fallback; };
+  po.comm.link_gbytes_per_s = or_default(c.train.link_gbytes_per_s, gpu ? 300.0 : 2.0);
+  po.comm.latency_us = or_default(c.train.collective_latency_us, gpu ? 45.0 : 50.0);
+  po.comm.compute_gflops = or_default(c.train.compute_gflops, gpu ? 400e3 : 10.0);
   po.comm.grad_accum = c.train.grad_accum;
   po.comm.max_exposed_ms = c.budget.comm_exposed_ms_per_step;
   po.comm.max_bytes_per_step = c.budget.comm_bytes_per_step;
