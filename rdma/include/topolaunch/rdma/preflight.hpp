@@ -1,0 +1,86 @@
+// Fabric preflight, staged: local (the selected port is ACTIVE/LinkUp at the expected rate, the
+// GID exists, GPUDirect as the policy requires), connectivity (an 8-byte RDMA write around the
+// ring, verified), bandwidth (large RDMA writes to the next rank, one sender at a time, against a
+// threshold) and latency (8-byte write ping-pong median against a bound). Every stage has its
+// own timeout and writes one JSON line per rank and result; failures name node, NIC and port
+// (and the peer's). Collective: every rank of the store runs it.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <optional>
+#include <ostream>
+#include <string>
+#include <vector>
+
+#include "topolaunch/rdma/endpoint.hpp"
+#include "topolaunch/rdma/probe.hpp"
+#include "topolaunch/rdma/select.hpp"
+#include "topolaunch/topology/result.hpp"
+#include "topolaunch/wireup/kv_store.hpp"
+
+namespace topolaunch::rdma {
+
+enum class PreflightLevel { off, quick, full };                       // quick: local + connectivity
+Result<PreflightLevel> parse_preflight_level(std::string_view text);  // "off|quick|full"
+
+inline constexpr int kPreflightFailedExit = 4;  // the fabric is unhealthy (not bad input)
+
+struct PreflightConfig {
+  PreflightLevel level = PreflightLevel::full;
+  std::string transport = "ucx";  // "ucx" | "verbs"
+  UcxTransportOptions ucx;        // transport == "ucx"
+  VerbsTransportOptions verbs;    // transport == "verbs": device, port, GID index
+  std::string node;               // this node's name, for messages
+  // Local stage: what selection chose for this rank (absent: nothing to check locally, e.g.
+  // UCX over tcp on a node without RDMA NICs) and the probe of the node.
+  std::optional<RankRdmaChoice> selected;
+  std::vector<RdmaDevice> devices;
+  double expected_rate_gbps = 0;  // 0 = any rate
+  bool require_gpudirect = false;
+
+  std::chrono::milliseconds local_timeout{5'000};
+  std::chrono::milliseconds connectivity_timeout{15'000};
+  std::chrono::milliseconds bandwidth_timeout{60'000};
+  std::chrono::milliseconds latency_timeout{20'000};
+
+  std::size_t buffer_bytes = std::size_t{64} << 20;  // registered per rank (fresh memory)
+  std::size_t message_bytes = std::size_t{1} << 20;
+  std::size_t bandwidth_total_bytes = std::size_t{256} << 20;
+  // Pass: >= fraction x port rate (NVIDIA's 0.9), or >= min_gbytes_per_s when set (> 0).
+  double min_rate_fraction = 0.9;
+  double min_gbytes_per_s = 0;
+  int latency_iterations = 2000;
+  int latency_warmup = 200;
+  double max_latency_us = 0;       // 0 = report only
+  std::string name = "preflight";  // store key prefix
+};
+
+struct StageResult {
+  std::string stage;  // "local", "connectivity", "bandwidth", "latency"
+  bool ok = false;
+  int rank = -1;
+  int peer = -1;        // -1 when the stage has no peer
+  std::string message;  // the failure (or a short note)
+  double seconds = 0;
+  double gbytes_per_s = 0;  // bandwidth
+  double median_us = 0;     // latency (one way = round trip / 2)
+  double p99_us = 0;
+  double threshold = 0;  // the bound the value was held against, 0 = none
+};
+
+struct PreflightReport {
+  std::vector<StageResult> results;
+  bool ok() const;
+  int exit_status() const { return ok() ? 0 : kPreflightFailedExit; }
+};
+
+std::string to_json_line(const StageResult& r, const std::string& node, const std::string& nic);
+
+// Runs the stages the level asks for; a failed stage stops the later ones (their results say
+// "skipped"). JSON lines go to `jsonl` as they happen. Returns an Error only for bad input
+// (exit 2); an unhealthy fabric is a report with ok() == false.
+Result<PreflightReport> run_preflight(wireup::KvStore& store, const PreflightConfig& config,
+                                      std::ostream* jsonl);
+
+}  // namespace topolaunch::rdma

@@ -1,0 +1,512 @@
+// Preflight stages over a Transport. Every rank registers one control buffer (slots for the
+// connectivity marker, "done" flags and ping-pong words) and one data buffer, and publishes
+// both with its node and NIC. Bandwidth and latency run one sender at a time around the ring
+// (phase p: rank p -> rank p+1), so each measurement is unidirectional like ib_write_bw and
+// ucx_perftest; a world of one rank tests its own port in loopback.
+#include "topolaunch/rdma/preflight.hpp"
+
+#include <sched.h>
+
+#include <fmt/format.h>
+#include <algorithm>
+#include <atomic>
+#include <cstring>
+#include <map>
+#include <nlohmann/json.hpp>
+
+#include "topolaunch/rdma/blob.hpp"
+
+namespace topolaunch::rdma {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using std::chrono::milliseconds;
+
+// Control buffer slots (8 bytes each).
+constexpr std::size_t kSlotMarker = 0;
+constexpr std::size_t kSlotDone = 1;
+constexpr std::size_t kSlotPing = 2;
+constexpr std::size_t kSlotPong = 3;
+constexpr std::size_t kControlBytes = 4096;
+
+struct PeerInfo {
+  std::string node;
+  std::string nic;
+  RemoteMemory control;
+  RemoteMemory data;
+};
+
+std::string hex(std::string_view s) {
+  static const char* d = "0123456789abcdef";
+  std::string out;
+  for (unsigned char c : s) {
+    out += d[c >> 4];
+    out += d[c & 15];
+  }
+  return out;
+}
+
+std::optional<std::string> unhex(const std::string& s) {
+  if (s.size() % 2) return std::nullopt;
+  std::string out;
+  for (std::size_t i = 0; i < s.size(); i += 2) {
+    auto v = [](char c) -> int {
+      if (c >= '0' && c <= '9') return c - '0';
+      if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+      return -1;
+    };
+    int hi = v(s[i]), lo = v(s[i + 1]);
+    if (hi < 0 || lo < 0) return std::nullopt;
+    out += static_cast<char>(hi * 16 + lo);
+  }
+  return out;
+}
+
+std::uint64_t load(const LocalMemory& m, std::size_t slot) {
+  return std::atomic_ref<std::uint64_t>(static_cast<std::uint64_t*>(m.address)[slot])
+      .load(std::memory_order_acquire);
+}
+
+class Runner {
+ public:
+  Runner(wireup::KvStore& store, const PreflightConfig& c, std::ostream* out)
+      : store_(store), c_(c), out_(out), rank_(store.rank()), world_(store.size()) {
+    nic_ = c.transport == "verbs"
+               ? fmt::format("{}:{}", c.verbs.device, c.verbs.port)
+               : (c.selected ? fmt::format("{}:{}", c.selected->nic, c.selected->port)
+                             : "ucx " + (c.ucx.transports.empty() ? std::string("default")
+                                                                  : c.ucx.transports));
+  }
+
+  PreflightReport run() {
+    const bool local_ok = stage_local();
+    if (c_.level == PreflightLevel::off) return report_;
+    if (!local_ok) return skip_rest("connectivity");
+    if (!stage_connectivity()) return skip_rest("bandwidth");
+    if (c_.level == PreflightLevel::quick) return report_;
+    if (!stage_bandwidth()) return skip_rest("latency");
+    stage_latency();
+    return report_;
+  }
+
+ private:
+  void emit(StageResult r) {
+    r.rank = rank_;
+    if (out_) (*out_) << to_json_line(r, c_.node, nic_) << '\n' << std::flush;
+    report_.results.push_back(std::move(r));
+  }
+
+  PreflightReport skip_rest(const std::string& from) {
+    static const std::vector<std::string> order = {"connectivity", "bandwidth", "latency"};
+    bool on = false;
+    for (const auto& s : order) {
+      if (s == from) on = true;
+      if (!on || (c_.level == PreflightLevel::quick && s != "connectivity")) continue;
+      StageResult r;
+      r.stage = s;
+      r.ok = false;
+      r.message = "skipped: an earlier stage failed";
+      emit(r);
+    }
+    return report_;
+  }
+
+  std::string peer_where(int peer) const {
+    auto it = peers_.find(peer);
+    if (it == peers_.end()) return fmt::format("rank {}", peer);
+    return fmt::format("rank {} (node {}, {})", peer, it->second.node, it->second.nic);
+  }
+  std::string me() const { return fmt::format("rank {} (node {}, {})", rank_, c_.node, nic_); }
+
+  bool stage_local() {
+    const auto t0 = Clock::now();
+    StageResult r;
+    r.stage = "local";
+    r.ok = true;
+    if (!c_.selected && c_.transport != "verbs") {
+      r.message = "no RDMA port selected for this rank: nothing to check locally";
+    } else {
+      const std::string dev = c_.transport == "verbs" ? c_.verbs.device : c_.selected->nic;
+      const int port = c_.transport == "verbs" ? c_.verbs.port : c_.selected->port;
+      const int gid_index = c_.transport == "verbs" ? c_.verbs.gid_index : c_.selected->gid_index;
+      const RdmaDevice* d = nullptr;
+      for (const auto& x : c_.devices)
+        if (x.name == dev) d = &x;
+      const PortInfo* p = d ? d->port(port) : nullptr;
+      if (!d) {
+        r.ok = false;
+        r.message = fmt::format("node {}: NIC {} does not exist", c_.node, dev);
+      } else if (!p) {
+        r.ok = false;
+        r.message = fmt::format("node {}: NIC {} has no port {}", c_.node, dev, port);
+      } else if (!p->active() || !p->link_up()) {
+        r.ok = false;
+        r.message = fmt::format("node {}: {}:{} is {}/{} (need ACTIVE/LinkUp)", c_.node, dev, port,
+                                p->state_name, p->physical_state_name);
+      } else if (c_.expected_rate_gbps > 0 && p->rate_gbps + 1e-9 < c_.expected_rate_gbps) {
+        r.ok = false;
+        r.message = fmt::format("node {}: {}:{} runs at {} Gb/s, expected {} Gb/s ({})", c_.node,
+                                dev, port, p->rate_gbps, c_.expected_rate_gbps, p->rate_text);
+      } else if (std::none_of(p->gids.begin(), p->gids.end(),
+                              [&](const GidEntry& g) { return g.index == gid_index; })) {
+        r.ok = false;
+        r.message =
+            fmt::format("node {}: {}:{} has no GID at index {}", c_.node, dev, port, gid_index);
+      } else if (c_.require_gpudirect && c_.selected &&
+                 c_.selected->registration == RegistrationMethod::host_staging) {
+        r.ok = false;
+        r.message = fmt::format("node {}: GPUDirect RDMA required but {}:{} would use host staging",
+                                c_.node, dev, port);
+      } else {
+        r.message = fmt::format("{}:{} {}/{} {} Gb/s, GID {}", dev, port, p->state_name,
+                                p->physical_state_name, p->rate_gbps, gid_index);
+      }
+    }
+    r.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+    if (r.seconds * 1000 > static_cast<double>(c_.local_timeout.count())) {
+      r.ok = false;
+      r.message = fmt::format("local checks took {:.1f} s (limit {} ms)", r.seconds,
+                              c_.local_timeout.count());
+    }
+    emit(r);
+    return r.ok;
+  }
+
+  bool fail(const std::string& stage, const std::string& message, int peer = -1) {
+    StageResult r;
+    r.stage = stage;
+    r.ok = false;
+    r.peer = peer;
+    r.message = message;
+    emit(r);
+    return false;
+  }
+
+  bool stage_connectivity() {
+    const auto t0 = Clock::now();
+    const milliseconds timeout = c_.connectivity_timeout;
+    Result<std::unique_ptr<Transport>> t = c_.transport == "verbs"
+                                               ? open_verbs_transport(rank_, c_.verbs)
+                                               : open_ucx_transport(rank_, c_.ucx);
+    if (!t) return fail("connectivity", me() + ": " + t.error().message);
+    transport_ = std::move(*t);
+    control_buf_.assign(kControlBytes / 8, 0);
+    data_buf_.assign(c_.buffer_bytes, static_cast<char>(rank_));
+    auto control =
+        transport_->register_memory(control_buf_.data(), kControlBytes, MemoryKind::host);
+    if (!control) return fail("connectivity", me() + ": " + control.error().message);
+    control_ = std::move(*control);
+    auto data = transport_->register_memory(data_buf_.data(), data_buf_.size(), MemoryKind::host);
+    if (!data) return fail("connectivity", me() + ": " + data.error().message);
+    data_ = std::move(*data);
+
+    // Who am I and where can peers write: one JSON payload in a checked blob.
+    nlohmann::json hello{{"node", c_.node},
+                         {"nic", nic_},
+                         {"control", hex(serialize(describe(control_)))},
+                         {"data", hex(serialize(describe(data_)))}};
+    const std::string hello_key = fmt::format("{}/hello/{}", c_.name, rank_);
+    if (auto st = store_.put(hello_key, encode_blob(BlobKind::preflight, rank_, hello.dump())); !st)
+      return fail("connectivity", me() + ": " + st.error().message);
+    right_ = (rank_ + 1) % world_;
+    left_ = (rank_ + world_ - 1) % world_;
+    std::vector<int> neighbours{right_};
+    if (left_ != right_) neighbours.push_back(left_);
+    if (auto st = connect_peers(*transport_, store_, neighbours, c_.name, timeout); !st)
+      return fail("connectivity", me() + ": " + st.error().message);
+    for (int peer : neighbours) {
+      const std::string key = fmt::format("{}/hello/{}", c_.name, peer);
+      auto raw = store_.get_string(key, timeout);
+      if (!raw) return fail("connectivity", me() + ": " + raw.error().message, peer);
+      auto payload = decode_blob(*raw, BlobKind::preflight, peer, key);
+      if (!payload) return fail("connectivity", me() + ": " + payload.error().message, peer);
+      auto j = nlohmann::json::parse(*payload, nullptr, false);
+      std::optional<std::string> ctl, dat;
+      if (!j.is_discarded() && j.contains("control") && j.contains("data")) {
+        ctl = unhex(j["control"].get<std::string>());
+        dat = unhex(j["data"].get<std::string>());
+      }
+      if (!ctl || !dat)
+        return fail(
+            "connectivity",
+            fmt::format("{}: malformed preflight blob from rank {} (key \"{}\")", me(), peer, key),
+            peer);
+      auto cm = parse_remote_memory(*ctl, peer, key);
+      auto dm = parse_remote_memory(*dat, peer, key);
+      if (!cm || !dm)
+        return fail("connectivity", me() + ": " + (!cm ? cm.error() : dm.error()).message, peer);
+      peers_[peer] = PeerInfo{j.value("node", "?"), j.value("nic", "?"), *cm, *dm};
+    }
+    // 8 bytes to the right: a marker only our rank would write.
+    const std::uint64_t marker = 0x5446000000000000ull | static_cast<std::uint64_t>(rank_ + 1);
+    std::uint64_t& src = staging_word(0);
+    src = marker;
+    if (auto st = transport_->write(right_, control_, (8 + 0) * 8, peers_[right_].control,
+                                    kSlotMarker * 8, 8);
+        !st)
+      return fail("connectivity",
+                  fmt::format("{} -> {}: {}", me(), peer_where(right_), st.error().message),
+                  right_);
+    if (auto st = transport_->flush(right_, timeout); !st)
+      return fail("connectivity",
+                  fmt::format("{} -> {}: {}", me(), peer_where(right_), st.error().message),
+                  right_);
+    const std::uint64_t expected = 0x5446000000000000ull | static_cast<std::uint64_t>(left_ + 1);
+    const auto deadline = Clock::now() + timeout;
+    while (load(control_, kSlotMarker) != expected) {
+      if (Clock::now() > deadline)
+        return fail(
+            "connectivity",
+            fmt::format("{}: no RDMA write arrived from {} within {} ms (path {} -> {} broken)",
+                        me(), peer_where(left_), timeout.count(), peer_where(left_), me()),
+            left_);
+      transport_->progress();
+      sched_yield();
+    }
+    if (auto st = store_.fence(timeout); !st)
+      return fail("connectivity", me() + ": " + st.error().message);
+    StageResult r;
+    r.stage = "connectivity";
+    r.ok = true;
+    r.peer = right_;
+    r.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+    r.message = fmt::format("wrote to {} and received from {} ({})", peer_where(right_),
+                            peer_where(left_), transport_->description());
+    emit(r);
+    return true;
+  }
+
+  // A word inside our control buffer used as a registered source for small writes.
+  std::uint64_t& staging_word(int i) { return control_buf_[8 + static_cast<std::size_t>(i)]; }
+
+  // Waits until our control slot holds `value` (progressing), or the deadline.
+  bool wait_slot(std::size_t slot, std::uint64_t value, Clock::time_point deadline) {
+    // Spin first (what perftest does, for honest latency), then yield so that an overloaded
+    // host still schedules the peer we are waiting for.
+    for (unsigned spins = 0; load(control_, slot) != value; ++spins) {
+      transport_->progress();
+      if (spins % 256 == 255) {
+        if (Clock::now() > deadline) return false;
+        if (spins > 4096) sched_yield();
+      }
+    }
+    return true;
+  }
+
+  bool stage_bandwidth() {
+    const milliseconds timeout = c_.bandwidth_timeout;
+    const double rate_gbytes = c_.selected ? c_.selected->rate_gbps / 8.0 : 0.0;
+    const double threshold =
+        c_.min_gbytes_per_s > 0 ? c_.min_gbytes_per_s : c_.min_rate_fraction * rate_gbytes;
+    bool all_ok = true;
+    for (int phase = 0; phase < world_; ++phase) {
+      const auto deadline = Clock::now() + timeout;
+      const std::uint64_t done_value = 0xB0000000ull + static_cast<std::uint64_t>(phase) + 1;
+      if (phase == rank_) {
+        const std::size_t msg = std::min(c_.message_bytes, c_.buffer_bytes);
+        const std::size_t count = std::max<std::size_t>(1, c_.bandwidth_total_bytes / msg);
+        const auto t0 = Clock::now();
+        std::size_t off = 0;
+        Status st = ok_status();
+        for (std::size_t i = 0; i < count && st; ++i) {
+          st = transport_->write(right_, data_, off, peers_[right_].data, off, msg);
+          off += msg;
+          if (off + msg > c_.buffer_bytes) off = 0;
+          if (st && (i % 64) == 63) st = transport_->flush(right_, timeout);
+        }
+        if (st) st = transport_->flush(right_, timeout);
+        const double secs = std::chrono::duration<double>(Clock::now() - t0).count();
+        StageResult r;
+        r.stage = "bandwidth";
+        r.peer = right_;
+        r.seconds = secs;
+        r.threshold = threshold;
+        if (!st) {
+          r.ok = false;
+          r.message = fmt::format("{} -> {}: {}", me(), peer_where(right_), st.error().message);
+        } else {
+          r.gbytes_per_s = static_cast<double>(count * msg) / secs / 1e9;
+          r.ok = threshold <= 0 || r.gbytes_per_s >= threshold;
+          r.message = fmt::format(
+              "{} x {} B RDMA writes to {}{}", count, msg, peer_where(right_),
+              r.ok ? ""
+                   : fmt::format(": {:.2f} GB/s below {:.2f} GB/s", r.gbytes_per_s, threshold));
+        }
+        all_ok = all_ok && r.ok;
+        emit(r);
+        staging_word(1) = done_value;
+        if (st)
+          st = transport_->write(right_, control_, (8 + 1) * 8, peers_[right_].control,
+                                 kSlotDone * 8, 8);
+        if (st) st = transport_->flush(right_, timeout);
+        if (!st) all_ok = false;
+      } else if (right_of(phase) == rank_) {
+        if (!wait_slot(kSlotDone, done_value, deadline)) {
+          all_ok = fail("bandwidth",
+                        fmt::format("{}: {} did not finish writing within {} ms", me(),
+                                    peer_where(phase), timeout.count()),
+                        phase);
+        }
+      }
+      if (auto st = store_.fence(timeout); !st)
+        return fail("bandwidth", me() + ": " + st.error().message);
+    }
+    return all_ok;
+  }
+
+  int right_of(int r) const { return (r + 1) % world_; }
+
+  bool stage_latency() {
+    const milliseconds timeout = c_.latency_timeout;
+    bool all_ok = true;
+    for (int phase = 0; phase < world_; ++phase) {
+      const auto deadline = Clock::now() + timeout;
+      const int total = c_.latency_warmup + c_.latency_iterations;
+      const std::uint64_t base = (static_cast<std::uint64_t>(phase) + 1) << 32;
+      if (world_ == 1) {
+        // Loopback: ping our own slot and time the arrival.
+        std::vector<double> us;
+        for (int i = 1; i <= total; ++i) {
+          staging_word(2) = base + static_cast<std::uint64_t>(i);
+          const auto t0 = Clock::now();
+          if (auto st = transport_->write(rank_, control_, (8 + 2) * 8, peers_[rank_].control,
+                                          kSlotPing * 8, 8);
+              !st)
+            return fail("latency", me() + ": " + st.error().message, rank_);
+          if (!wait_slot(kSlotPing, base + static_cast<std::uint64_t>(i), deadline))
+            return fail("latency", me() + ": loopback write did not arrive", rank_);
+          if (i > c_.latency_warmup)
+            us.push_back(std::chrono::duration<double, std::micro>(Clock::now() - t0).count());
+        }
+        (void)transport_->flush(rank_, timeout);
+        all_ok = report_latency(us, rank_, 1.0) && all_ok;
+      } else if (phase == rank_) {
+        std::vector<double> us;
+        us.reserve(static_cast<std::size_t>(c_.latency_iterations));
+        for (int i = 1; i <= total; ++i) {
+          staging_word(2) = base + static_cast<std::uint64_t>(i);
+          const auto t0 = Clock::now();
+          if (auto st = transport_->write(right_, control_, (8 + 2) * 8, peers_[right_].control,
+                                          kSlotPing * 8, 8);
+              !st)
+            return fail("latency",
+                        fmt::format("{} -> {}: {}", me(), peer_where(right_), st.error().message),
+                        right_);
+          if (!wait_slot(kSlotPong, base + static_cast<std::uint64_t>(i), deadline))
+            return fail("latency",
+                        fmt::format("{}: no reply from {} within {} ms", me(), peer_where(right_),
+                                    timeout.count()),
+                        right_);
+          if (i > c_.latency_warmup)
+            us.push_back(std::chrono::duration<double, std::micro>(Clock::now() - t0).count());
+        }
+        if (auto st = transport_->flush(right_, timeout); !st)
+          return fail("latency",
+                      fmt::format("{} -> {}: {}", me(), peer_where(right_), st.error().message),
+                      right_);
+        all_ok = report_latency(us, right_, 2.0) && all_ok;
+      } else if (right_of(phase) == rank_) {
+        for (int i = 1; i <= total; ++i) {
+          if (!wait_slot(kSlotPing, base + static_cast<std::uint64_t>(i), deadline))
+            return fail("latency",
+                        fmt::format("{}: ping {} from {} did not arrive within {} ms", me(), i,
+                                    peer_where(phase), timeout.count()),
+                        phase);
+          staging_word(3) = base + static_cast<std::uint64_t>(i);
+          if (auto st = transport_->write(phase, control_, (8 + 3) * 8, peers_[phase].control,
+                                          kSlotPong * 8, 8);
+              !st)
+            return fail("latency",
+                        fmt::format("{} -> {}: {}", me(), peer_where(phase), st.error().message),
+                        phase);
+        }
+        if (auto st = transport_->flush(phase, timeout); !st)
+          return fail("latency",
+                      fmt::format("{} -> {}: {}", me(), peer_where(phase), st.error().message),
+                      phase);
+      }
+      if (auto st = store_.fence(timeout); !st)
+        return fail("latency", me() + ": " + st.error().message);
+    }
+    return all_ok;
+  }
+
+  bool report_latency(std::vector<double>& us, int peer, double divisor) {
+    StageResult r;
+    r.stage = "latency";
+    r.peer = peer;
+    std::sort(us.begin(), us.end());
+    r.median_us = us.empty() ? 0 : us[us.size() / 2] / divisor;
+    r.p99_us = us.empty() ? 0 : us[std::min(us.size() - 1, us.size() * 99 / 100)] / divisor;
+    r.threshold = c_.max_latency_us;
+    r.ok = c_.max_latency_us <= 0 || r.median_us <= c_.max_latency_us;
+    r.message = fmt::format(
+        "8 B write ping-pong with {}, {} iterations{}", peer_where(peer), us.size(),
+        r.ok ? ""
+             : fmt::format(": median {:.2f} us above {:.2f} us", r.median_us, c_.max_latency_us));
+    emit(r);
+    return r.ok;
+  }
+
+  wireup::KvStore& store_;
+  const PreflightConfig& c_;
+  std::ostream* out_;
+  int rank_;
+  int world_;
+  int right_ = 0;
+  int left_ = 0;
+  std::string nic_;
+  PreflightReport report_;
+  std::unique_ptr<Transport> transport_;
+  std::vector<std::uint64_t> control_buf_;
+  std::vector<char> data_buf_;
+  LocalMemory control_;
+  LocalMemory data_;
+  std::map<int, PeerInfo> peers_;
+};
+
+}  // namespace
+
+Result<PreflightLevel> parse_preflight_level(std::string_view text) {
+  if (text == "off") return PreflightLevel::off;
+  if (text == "quick") return PreflightLevel::quick;
+  if (text == "full") return PreflightLevel::full;
+  return make_error(fmt::format("rdma.preflight: \"{}\" is not one of off, quick, full", text));
+}
+
+bool PreflightReport::ok() const {
+  return std::all_of(results.begin(), results.end(), [](const StageResult& r) { return r.ok; });
+}
+
+std::string to_json_line(const StageResult& r, const std::string& node, const std::string& nic) {
+  nlohmann::json j{{"stage", r.stage},    {"ok", r.ok}, {"rank", r.rank},
+                   {"node", node},        {"nic", nic}, {"seconds", r.seconds},
+                   {"message", r.message}};
+  if (r.peer >= 0) j["peer"] = r.peer;
+  if (r.stage == "bandwidth") {
+    j["gbytes_per_s"] = r.gbytes_per_s;
+    j["threshold_gbytes_per_s"] = r.threshold;
+  }
+  if (r.stage == "latency") {
+    j["median_us"] = r.median_us;
+    j["p99_us"] = r.p99_us;
+    j["threshold_us"] = r.threshold;
+  }
+  return j.dump();
+}
+
+Result<PreflightReport> run_preflight(wireup::KvStore& store, const PreflightConfig& config,
+                                      std::ostream* jsonl) {
+  if (config.transport != "ucx" && config.transport != "verbs")
+    return make_error(
+        fmt::format("rdma.transport: \"{}\" is not one of ucx, verbs", config.transport));
+  if (config.buffer_bytes < 4096 || config.message_bytes == 0)
+    return make_error("rdma preflight: buffer must be >= 4 KiB and messages > 0 bytes");
+  if (config.transport == "verbs" && config.verbs.device.empty())
+    return make_error(
+        "rdma preflight: the verbs transport needs a device (rdma.nics or selection)");
+  Runner runner(store, config, jsonl);
+  return runner.run();
+}
+
+}  // namespace topolaunch::rdma
