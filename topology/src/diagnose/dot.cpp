@@ -126,12 +126,15 @@ std::string render_dot(const NodeTopology& topo) {
       root->numa = d.numa;
     }
     TreeNode* at = root.get();
-    for (const PciAddress& bridge : d.path->bridges) {
+    for (std::size_t depth = 0; depth < d.path->bridges.size(); ++depth) {
+      const PciAddress& bridge = d.path->bridges[depth];
       auto& child = at->bridges[bridge.to_string()];
       if (!child) {
         child = std::make_unique<TreeNode>();
         child->id = fmt::format("br{}", next_id++);
-        child->label = "PCIe switch\n" + bridge.to_string();
+        // A drawn root port is one with several devices below it but no switch in between
+        // (e.g. the two functions of a dual-port NIC).
+        child->label = (depth == 0 ? "Root port\n" : "PCIe switch\n") + bridge.to_string();
         child->numa = d.numa;
       }
       at = child.get();
@@ -141,12 +144,16 @@ std::string render_dot(const NodeTopology& topo) {
 
   std::string out;
   out += "graph topology {\n";
-  std::string title = topo.hostname.empty() ? std::string("node") : topo.hostname;
+  std::string title = topo.hostname;
   if (!topo.product.empty()) {
-    title += " (" + topo.product + ")";
+    title += title.empty() ? topo.product : " (" + topo.product + ")";
+  }
+  if (title.empty()) {
+    title = "node";
   }
   out += fmt::format(
-      "  graph [label={}, labelloc=t, fontname=\"Helvetica\", fontsize=18, newrank=true, "
+      "  graph [rankdir=LR, ordering=out, label={}, labelloc=t, fontname=\"Helvetica\", "
+      "fontsize=18, newrank=true, "
       "nodesep=0.2, ranksep=0.45];\n",
       quote(title));
   out +=
