@@ -230,10 +230,10 @@ std::vector<Finding> compare_to_baseline(const NodeTopology& expected, const Nod
     }
   }
   if (expected.gpus.size() != actual.gpus.size()) {
-    out.push_back(make(
-        codes::kGpuMissing,
-        actual.gpus.size() < expected.gpus.size() ? Severity::error : Severity::warning, "node",
-        "GPU count", std::to_string(expected.gpus.size()), std::to_string(actual.gpus.size())));
+    const bool fewer = actual.gpus.size() < expected.gpus.size();
+    out.push_back(make(fewer ? codes::kGpuMissing : codes::kGpuUnexpected,
+                       fewer ? Severity::error : Severity::warning, "node", "GPU count",
+                       std::to_string(expected.gpus.size()), std::to_string(actual.gpus.size())));
   }
   for (std::size_t m = 0; m < missing.size(); ++m) {
     const Gpu& e = *missing[m];
