@@ -87,7 +87,9 @@ int run(const Options& options) {
       tt::diagnose(*topo, baseline ? &*baseline : nullptr, diagnose_options);
 
   if (options.gres) {
-    std::cout << tt::render_gres(*topo);
+    // Device minors only exist for the machine we run on, never for an --input file.
+    std::cout << tt::render_gres(*topo, options.input.empty() ? tt::read_nvidia_device_minors()
+                                                              : std::map<std::string, int>{});
   } else if (options.dot) {
     std::cout << tt::render_dot(*topo);
   } else if (options.json) {

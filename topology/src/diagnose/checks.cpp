@@ -1,5 +1,6 @@
 // The findings engine: checks of one topology, and expected (baseline) vs actual (R-DIAG-2).
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <algorithm>
 #include <map>
@@ -93,9 +94,13 @@ std::vector<Finding> check_topology(const NodeTopology& topo) {
       const Relation r =
           pcie_relation(topo, {DeviceRef::Kind::gpu, at}, {DeviceRef::Kind::nic, best.front()});
       if (r.kind == RelationKind::SYS) {
+        std::vector<std::string> names;
+        for (int k : best) {
+          const Nic& nic = topo.nics[static_cast<std::size_t>(k)];
+          names.push_back(nic.name.empty() ? nic.busid.to_string() : nic.name);
+        }
         out.push_back(make(codes::kGpuWithoutLocalNic, Severity::warning, describe::gpu_object(gpu),
-                           "no compute NIC closer than SYS: its traffic crosses the SMP "
-                           "interconnect",
+                           fmt::format("closest compute NIC ({})", fmt::join(names, ",")),
                            "NODE or closer", "SYS"));
       }
     }

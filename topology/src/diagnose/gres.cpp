@@ -5,6 +5,8 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <filesystem>
+#include <fstream>
 #include <map>
 #include <string>
 #include <vector>
@@ -40,18 +42,26 @@ std::vector<const Core*> cores_in_logical_order(const NodeTopology& topo) {
 
 }  // namespace
 
-std::string render_gres(const NodeTopology& topo) {
+std::string render_gres(const NodeTopology& topo, const std::map<std::string, int>& device_minors) {
   const std::string node = topo.hostname.empty() ? std::string("NODE") : topo.hostname;
   std::string out;
   out += fmt::format("# gres.conf for {} (topodiag --gres)\n", node);
   if (topo.gpus.empty()) {
     out += "# no NVIDIA GPU found: no Name=gpu lines\n";
   } else {
+    const bool all_minors_known = std::all_of(
+        topo.gpus.begin(), topo.gpus.end(),
+        [&](const Gpu& gpu) { return device_minors.count(gpu.busid.to_string()) != 0; });
+    if (all_minors_known) {
+      out += "# File=/dev/nvidia<N>: N is the device minor the NVIDIA driver reports.\n";
+    } else {
+      out +=
+          "# File=/dev/nvidia<N>: N is the GPU index in PCI bus order where the NVIDIA device "
+          "minor\n"
+          "# is not known here; check \"Device Minor\" in "
+          "/proc/driver/nvidia/gpus/<bus id>/information.\n";
+    }
     out +=
-        "# File=/dev/nvidia<N>: N is the GPU index in PCI bus order because the NVIDIA device "
-        "minor\n"
-        "# numbers are not known here; check \"Device Minor\" in "
-        "/proc/driver/nvidia/gpus/<bus id>/information.\n"
         "# Cores= are Slurm logical core indexes (lstopo -l Core L#), the cores local to each "
         "GPU.\n";
     const std::vector<const Core*> cores = cores_in_logical_order(topo);
@@ -62,12 +72,17 @@ std::string render_gres(const NodeTopology& topo) {
           logical.push_back(static_cast<int>(l));
         }
       }
-      std::string line = fmt::format("Name=gpu File=/dev/nvidia{}", gpu.index);
+      const auto minor = device_minors.find(gpu.busid.to_string());
+      std::string line = fmt::format("Name=gpu File=/dev/nvidia{}",
+                                     minor == device_minors.end() ? gpu.index : minor->second);
       if (!logical.empty()) {
         line += " Cores=" + CpuSet(logical).to_list();
       }
       line += fmt::format("  # GPU{} {} NUMA {}", gpu.index, gpu.busid.to_string(),
                           describe::numa(gpu.numa));
+      if (minor == device_minors.end() && !all_minors_known) {
+        line += " (minor unknown: index used)";
+      }
       if (logical.empty()) {
         line += " (locality unknown: no Cores=)";
       }
@@ -105,6 +120,34 @@ std::string render_gres(const NodeTopology& topo) {
   }
   out += line + '\n';
   return out;
+}
+
+}  // namespace topolaunch::topology
+
+namespace topolaunch::topology {
+
+std::map<std::string, int> read_nvidia_device_minors(const std::string& proc_root) {
+  std::map<std::string, int> minors;
+  std::error_code error;
+  for (const auto& entry : std::filesystem::directory_iterator(proc_root, error)) {
+    const auto busid = PciAddress::parse(entry.path().filename().string());
+    std::ifstream info(entry.path() / "information");
+    if (!busid || !info) {
+      continue;
+    }
+    for (std::string line; std::getline(info, line);) {
+      // "Device Minor: \t 0"
+      if (line.rfind("Device Minor:", 0) == 0) {
+        try {
+          minors[busid->to_string()] = std::stoi(line.substr(line.find(':') + 1));
+        } catch (const std::exception&) {
+          // an unreadable minor stays unknown: the index is used and the comment says so
+        }
+        break;
+      }
+    }
+  }
+  return minors;
 }
 
 }  // namespace topolaunch::topology

@@ -1,5 +1,9 @@
 // The diagnostics engine as a library: findings, baseline comparison, exit status, renderings.
+#include <unistd.h>
+
 #include <algorithm>
+#include <filesystem>
+#include <fstream>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
@@ -297,13 +301,36 @@ TEST_CASE("JSON output follows the R-DIAG-1 schema") {
 
 TEST_CASE("gres.conf: Cores= are Slurm logical core indexes of each GPU's socket") {
   const std::string gres = render_gres(dgx_h100());
-  CHECK(gres.find("Name=gpu File=/dev/nvidia0 Cores=0-55  # GPU0 0000:1b:00.0 NUMA 0\n") !=
-        std::string::npos);
-  CHECK(gres.find("Name=gpu File=/dev/nvidia7 Cores=56-111  # GPU7 0000:df:00.0 NUMA 1\n") !=
+  CHECK(gres.find("Name=gpu File=/dev/nvidia0 Cores=0-55  # GPU0 0000:1b:00.0 NUMA 0 (minor "
+                  "unknown: index used)\n") != std::string::npos);
+  CHECK(gres.find("Name=gpu File=/dev/nvidia7 Cores=56-111  # GPU7 0000:df:00.0 NUMA 1") !=
         std::string::npos);
   CHECK(gres.find("Sockets=2 CoresPerSocket=56 ThreadsPerCore=2 RealMemory=2097152 Gres=gpu:8") !=
         std::string::npos);
   CHECK(gres.find("# File=/dev/nvidia<N>: N is the GPU index") != std::string::npos);
+}
+
+TEST_CASE("gres.conf uses the driver's device minors when /proc/driver/nvidia says them") {
+  // A proc tree of our own, laid out like the driver's: minors deliberately not in bus order.
+  const std::filesystem::path root =
+      std::filesystem::temp_directory_path() / ("topodiag-minors-" + std::to_string(::getpid()));
+  const char* busids[] = {"0000:1b:00.0", "0000:43:00.0", "0000:52:00.0", "0000:61:00.0",
+                          "0000:9d:00.0", "0000:c3:00.0", "0000:d1:00.0", "0000:df:00.0"};
+  for (int i = 0; i < 8; ++i) {
+    std::filesystem::create_directories(root / busids[i]);
+    std::ofstream(root / busids[i] / "information")
+        << "Model: \t\t NVIDIA H100 80GB HBM3\nIRQ:   \t\t 42\nDevice Minor: \t " << (7 - i)
+        << "\nBus Location: \t " << busids[i] << "\n";
+  }
+  const auto minors = read_nvidia_device_minors(root.string());
+  std::filesystem::remove_all(root);
+  REQUIRE(minors.size() == 8);
+  CHECK(minors.at("0000:1b:00.0") == 7);
+  const std::string gres = render_gres(dgx_h100(), minors);
+  CHECK(gres.find("Name=gpu File=/dev/nvidia7 Cores=0-55  # GPU0 0000:1b:00.0 NUMA 0\n") !=
+        std::string::npos);
+  CHECK(gres.find("N is the device minor the NVIDIA driver reports") != std::string::npos);
+  CHECK(read_nvidia_device_minors("/nonexistent/proc/driver/nvidia/gpus").empty());
 }
 
 TEST_CASE("gres.conf on the DGX A100 (NPS4): each GPU gets the 16 cores of its quadrant") {

@@ -4,6 +4,7 @@
 // so a live node, an hwloc XML and a saved JSON baseline are diagnosed by the same code.
 #pragma once
 
+#include <map>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -109,8 +110,16 @@ inline constexpr int kDiagnoseJsonVersion = 1;
 std::string render_json(const NodeTopology& topo, const std::vector<Finding>& findings);
 
 // gres.conf lines for the GPUs (Cores= as Slurm's logical core indexes) and the slurm.conf
-// NodeName line for this node.
-std::string render_gres(const NodeTopology& topo);
+// NodeName line for this node. `device_minors` maps a GPU bus id ("0000:1b:00.0") to its NVIDIA
+// device minor (/dev/nvidia<minor>); GPUs without an entry use their index, and a comment says so.
+std::string render_gres(const NodeTopology& topo,
+                        const std::map<std::string, int>& device_minors = {});
+
+// The live node's NVIDIA device minors, from /proc/driver/nvidia/gpus/<bus id>/information
+// ("Device Minor:"), keyed by normalised bus id; empty without the NVIDIA driver. `proc_root`
+// lets tests point it at a directory tree of their own.
+std::map<std::string, int> read_nvidia_device_minors(
+    const std::string& proc_root = "/proc/driver/nvidia/gpus");
 
 // Graphviz: packages, NUMA nodes, host bridges, PCIe switches, GPUs, NICs, NVLinks.
 std::string render_dot(const NodeTopology& topo);
