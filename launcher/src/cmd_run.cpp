@@ -1,25 +1,34 @@
-// `topolaunch run job.toml` and `topolaunch agent`: start and supervise a job.
+// `topolaunch run job.toml [-- command...]` and `topolaunch agent`: start and supervise a job.
 #include <CLI/CLI.hpp>
 #include <cstdio>
 
 #include "commands.hpp"
+#include "topolaunch/launcher/agent.hpp"
 
 namespace topolaunch::launcher {
 
 void register_run_command(CLI::App& app, int& exit_code) {
-  auto* cmd = app.add_subcommand("run", "run a job: here, or on every node of a Slurm allocation");
-  cmd->allow_extras();
-  cmd->callback([&exit_code] {
-    std::fprintf(stderr, "topolaunch run: not implemented yet\n");
-    exit_code = 2;
-  });
+  auto* cmd = app.add_subcommand("run", "run a job: its workers bound, supervised and reported");
+  auto options = std::make_shared<RunOptions>();
+  cmd->add_option("config", options->config_path, "the job config (TOML)")->required();
+  cmd->add_option("command", options->command_override,
+                  "after --: the worker command, replacing [worker].command");
+  cmd->add_option("--topology", options->topology_path,
+                  "hwloc XML or NodeTopology JSON to map on instead of this machine");
+  cmd->add_option("--job-dir", options->job_dir_override, "replaces [job].job_dir");
+  cmd->add_flag("-q,--quiet", options->quiet, "no worker output on the terminal (logs only)");
+  cmd->add_flag("--json", options->print_json, "print the JSON report instead of the summary");
+  cmd->callback([options, &exit_code] { exit_code = run_job(*options); });
 }
 
 void register_agent_command(CLI::App& app, int& exit_code) {
   auto* cmd = app.add_subcommand("agent", "(internal) one node's agent, started by `run` via srun");
   cmd->group("");
   cmd->allow_extras();
-  cmd->callback([&exit_code] { exit_code = 2; });
+  cmd->callback([&exit_code] {
+    std::fprintf(stderr, "topolaunch agent: multi-node runs are not implemented yet\n");
+    exit_code = 2;
+  });
 }
 
 }  // namespace topolaunch::launcher

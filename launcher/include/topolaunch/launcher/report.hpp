@@ -1,0 +1,61 @@
+// The job report: what happened to every rank of every attempt, and the first failure named as
+// the root cause (not a wall of echoes from the peers that were stopped because of it).
+// Written as <job_dir>/report.json and summarised for people.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace topolaunch::launcher {
+
+struct RankOutcome {
+  int rank = -1;
+  int local_rank = -1;
+  int node = -1;
+  std::string node_name;
+  int pid = -1;
+  int exit_code = -1;  // when it exited; -1 when killed by a signal or never started
+  int signal = 0;      // the signal that killed it, 0 = none
+  std::uint64_t peak_rss_bytes = 0;
+  double wall_s = 0;
+  std::string heartbeat;  // the last counter the worker wrote, "" = never beat
+  std::string cause;      // why it ended when the agent ended it: "stopped", "hung", "memory"...
+};
+
+struct AttemptReport {
+  int attempt = 0;
+  double started_s = 0;      // since the job started
+  double all_started_s = 0;  // time until every worker of this attempt was running
+  double wall_s = 0;
+  std::string outcome;  // "succeeded", "failed", "stopped", "requeue"
+  std::vector<RankOutcome> ranks;
+};
+
+struct RootCause {
+  int attempt = -1;
+  int rank = -1;
+  std::string node;
+  std::string what;  // one line: "exited with status 3", "killed by SIGKILL", ...
+};
+
+struct JobReport {
+  std::string job_name;
+  std::string run_id;
+  std::string job_dir;
+  std::string status;  // "succeeded", "failed", "stopped", "requeue"
+  int exit_code = 0;   // of `topolaunch run`
+  double wall_s = 0;
+  int restarts_used = 0;
+  int max_restarts = 0;
+  std::vector<AttemptReport> attempts;
+  std::optional<RootCause> root_cause;  // the first failure of the job
+};
+
+std::string to_json(const JobReport& report);
+// A few aligned lines: status, root cause, then one row per rank of the last attempt.
+std::string summarize(const JobReport& report);
+std::string describe_wait_status(int exit_code, int signal);  // "exited 3", "killed by SIGKILL"
+
+}  // namespace topolaunch::launcher

@@ -1,0 +1,86 @@
+// Job report: JSON for machines, a short table for people.
+#include "topolaunch/launcher/report.hpp"
+
+#include <fmt/format.h>
+
+#include <csignal>
+#include <cstring>
+#include <nlohmann/json.hpp>
+
+#include "topolaunch/launcher/units.hpp"
+
+namespace topolaunch::launcher {
+
+std::string describe_wait_status(int exit_code, int signal) {
+  if (signal != 0) {
+    const char* abbrev = sigabbrev_np(signal);
+    return fmt::format("killed by SIG{}", abbrev ? abbrev : std::to_string(signal));
+  }
+  if (exit_code < 0) return "not started";
+  return fmt::format("exited {}", exit_code);
+}
+
+std::string to_json(const JobReport& r) {
+  nlohmann::json j;
+  j["job"] = r.job_name;
+  j["run_id"] = r.run_id;
+  j["job_dir"] = r.job_dir;
+  j["status"] = r.status;
+  j["exit_code"] = r.exit_code;
+  j["wall_s"] = r.wall_s;
+  j["restarts_used"] = r.restarts_used;
+  j["max_restarts"] = r.max_restarts;
+  if (r.root_cause) {
+    j["root_cause"] = {{"attempt", r.root_cause->attempt},
+                       {"rank", r.root_cause->rank},
+                       {"node", r.root_cause->node},
+                       {"what", r.root_cause->what}};
+  } else {
+    j["root_cause"] = nullptr;
+  }
+  j["attempts"] = nlohmann::json::array();
+  for (const AttemptReport& a : r.attempts) {
+    nlohmann::json ja{
+        {"attempt", a.attempt}, {"started_s", a.started_s}, {"all_started_s", a.all_started_s},
+        {"wall_s", a.wall_s},   {"outcome", a.outcome},     {"ranks", nlohmann::json::array()}};
+    for (const RankOutcome& o : a.ranks) {
+      ja["ranks"].push_back({{"rank", o.rank},
+                             {"local_rank", o.local_rank},
+                             {"node", o.node},
+                             {"node_name", o.node_name},
+                             {"pid", o.pid},
+                             {"exit_code", o.exit_code},
+                             {"signal", o.signal},
+                             {"status", describe_wait_status(o.exit_code, o.signal)},
+                             {"peak_rss_bytes", o.peak_rss_bytes},
+                             {"wall_s", o.wall_s},
+                             {"heartbeat", o.heartbeat},
+                             {"cause", o.cause}});
+    }
+    j["attempts"].push_back(std::move(ja));
+  }
+  return j.dump(2) + "\n";
+}
+
+std::string summarize(const JobReport& r) {
+  std::string out = fmt::format("topolaunch: job {} {} after {:.1f}s ({} of {} restarts used)\n",
+                                r.run_id, r.status, r.wall_s, r.restarts_used, r.max_restarts);
+  if (r.root_cause) {
+    out += fmt::format("  root cause: rank {} on {} (attempt {}): {}\n", r.root_cause->rank,
+                       r.root_cause->node, r.root_cause->attempt, r.root_cause->what);
+  }
+  if (r.attempts.empty()) return out;
+  const AttemptReport& last = r.attempts.back();
+  out += fmt::format("  {:>5}  {:<12} {:>8}  {:<22} {:>10} {:>9}  {}\n", "rank", "node", "pid",
+                     "status", "peak rss", "wall", "note");
+  for (const RankOutcome& o : last.ranks) {
+    out += fmt::format("  {:>5}  {:<12} {:>8}  {:<22} {:>10} {:>8.1f}s  {}\n", o.rank, o.node_name,
+                       o.pid, describe_wait_status(o.exit_code, o.signal),
+                       format_size(o.peak_rss_bytes), o.wall_s, o.cause);
+  }
+  out += fmt::format("  report: {}/report.json, logs: {}/attempt-{}/\n", r.job_dir, r.job_dir,
+                     last.attempt);
+  return out;
+}
+
+}  // namespace topolaunch::launcher

@@ -1,0 +1,278 @@
+#!/usr/bin/env python3
+"""Integration tests of `topolaunch run`: real processes on this machine.
+
+usage: test_launcher.py TOPOLAUNCH TEST_WORKER SOURCE_ROOT CASE
+Each case starts the launcher with 4 local ranks of the test worker and checks what the issue
+asks: the environment per rank, the store exchange, teardown (nothing of the job left in /proc),
+restarts, heartbeat, SIGUSR1/SIGTERM, memory budget and bad input (exit 2, one line).
+"""
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+
+TOPOLAUNCH, WORKER, ROOT, CASE = sys.argv[1:5]
+TMP = tempfile.mkdtemp(prefix="topolaunch-test-")
+MARKER = "TOPOLAUNCH_TEST_MARKER"
+marker_value = uuid.uuid4().hex
+
+
+def fail(message):
+    print("FAIL:", message)
+    sys.exit(1)
+
+
+def check(condition, message):
+    if not condition:
+        fail(message)
+
+
+def write_config(extra_job="", extra="", ranks=4):
+    path = os.path.join(TMP, "job.toml")
+    with open(path, "w") as f:
+        f.write(f"""[job]
+name = "itest"
+ranks_per_node = {ranks}
+stop_grace = "3s"
+{extra_job}
+[mapping]
+oversubscribe = true
+[rdma]
+preflight = "off"
+{extra}
+""")
+    return path
+
+
+def job_processes():
+    """pids whose environment carries this test's marker (the job's agent and workers)."""
+    needle = f"{MARKER}={marker_value}".encode()
+    found = []
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                if needle in f.read().split(b"\0"):
+                    found.append(int(pid))
+        except OSError:
+            pass
+    return found
+
+
+def start(config, *worker_args, job_dir=None, extra_args=()):
+    job_dir = job_dir or os.path.join(TMP, "job")
+    env = dict(os.environ, **{MARKER: marker_value})
+    cmd = [TOPOLAUNCH, "run", config, "--job-dir", job_dir, *extra_args, "--", WORKER, *worker_args]
+    return subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def finish(proc, timeout=60):
+    out, err = proc.communicate(timeout=timeout)
+    return proc.returncode, out, err
+
+
+def report(job_dir=None):
+    with open(os.path.join(job_dir or os.path.join(TMP, "job"), "report.json")) as f:
+        return json.load(f)
+
+
+def log_of(rank, attempt=0):
+    path = os.path.join(TMP, "job", f"attempt-{attempt}", f"rank-{rank}.log")
+    try:
+        with open(path) as f:
+            return f.read()
+    except OSError:
+        return ""
+
+
+def wait_started(ranks=4, attempt=0, timeout=20):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        pids = {}
+        for r in range(ranks):
+            for line in log_of(r, attempt).splitlines():
+                if line.startswith("pid "):
+                    pids[r] = int(line.split()[1])
+        if len(pids) == ranks:
+            return pids
+        time.sleep(0.05)
+    fail(f"workers did not start within {timeout}s")
+
+
+def assert_nothing_left(agent_pid):
+    left = [p for p in job_processes() if p != agent_pid]
+    check(not left, f"processes of the job left behind: {left}")
+
+
+def case_env_and_exchange():
+    config = os.path.join(ROOT, "configs", "jobs", "test-worker.toml")
+    rc, out, err = finish(start(config, "--exchange", "--sleep", "0.3"))
+    check(rc == 0, f"exit {rc}\n{err}")
+    rep = report()
+    check(rep["status"] == "succeeded", rep["status"])
+    check(len(rep["attempts"][0]["ranks"]) == 4, "4 ranks in the report")
+    store_addrs = set()
+    for r in range(4):
+        log = log_of(r)
+        for expected in [f"env RANK={r}", f"env LOCAL_RANK={r}", "env WORLD_SIZE=4",
+                         "env LOCAL_WORLD_SIZE=4", "env GROUP_RANK=0", "env GROUP_WORLD_SIZE=1",
+                         "env MASTER_ADDR=127.0.0.1", "env TORCHELASTIC_RESTART_COUNT=0",
+                         "env TORCHELASTIC_MAX_RESTARTS=0", f"env TOPOLAUNCH_RANK={r}",
+                         "env TOPOLAUNCH_STORE_SECRET=<set>", "env TOPOLAUNCH_ATTEMPT=0",
+                         "env TEST_WORKER_GREETING=hello",
+                         f"env TOPOLAUNCH_MEMORY_BUDGET_BYTES={256 << 20}",
+                         "exchange 4/4"]:
+            check(expected in log, f"rank {r}: '{expected}' missing from its log:\n{log}")
+        check(f"[rank {r}] exchange 4/4" in out, f"merged stream lacks rank {r}'s exchange")
+        line = [l for l in log.splitlines() if l.startswith("env TOPOLAUNCH_STORE_ADDR=")][0]
+        store_addrs.add(line.split("=", 1)[1])
+        hb = [l for l in log.splitlines() if l.startswith("env TOPOLAUNCH_HEARTBEAT_FILE=")][0]
+        check(hb.endswith(f"rank-{r}"), hb)
+    check(len(store_addrs) == 1 and next(iter(store_addrs)).startswith("127.0.0.1:"),
+          f"one store address on loopback: {store_addrs}")
+    rankmap = json.load(open(os.path.join(TMP, "job", "rankmap.json")))
+    check(len(rankmap["ranks"]) == 4, "rankmap.json has 4 ranks")
+    # whole lines only: every merged line starts with a rank prefix
+    for line in out.splitlines():
+        check(line.startswith("[rank "), f"merged line without prefix: {line!r}")
+
+
+def case_kill9_stops_all():
+    config = write_config()
+    proc = start(config, "--sleep", "60", "--fork-child")
+    pids = wait_started()
+    time.sleep(0.3)
+    os.kill(pids[2], signal.SIGKILL)
+    killed_at = time.time()
+    rc, out, err = finish(proc, timeout=20)
+    elapsed = time.time() - killed_at
+    check(elapsed < 5, f"agent took {elapsed:.1f}s to stop the job")
+    assert_nothing_left(proc.pid)
+    check(rc == 1, f"exit {rc}")
+    rep = report()
+    cause = rep["root_cause"]
+    check(cause and cause["rank"] == 2 and "SIGKILL" in cause["what"], f"root cause {cause}")
+    check("root cause: rank 2" in err, f"summary names the root cause:\n{err}")
+    print(f"all workers gone {elapsed:.2f}s after kill -9")
+
+
+def case_restart_after_failure():
+    config = write_config(extra_job="restarts = 2")
+    rc, out, err = finish(start(config, "--sleep", "1", "--fail-rank", "1", "--fail-after", "0.2",
+                                "--fail-attempt", "0"))
+    check(rc == 0, f"exit {rc}\n{err}")
+    rep = report()
+    check(rep["restarts_used"] == 1, f"restarts_used {rep['restarts_used']}")
+    check(rep["attempts"][0]["outcome"] == "failed", rep["attempts"][0]["outcome"])
+    check(rep["root_cause"]["rank"] == 1 and "exited 3" in rep["root_cause"]["what"],
+          rep["root_cause"])
+    check("env TORCHELASTIC_RESTART_COUNT=1" in log_of(0, attempt=1), "restart count 1")
+    check("env TORCHELASTIC_MAX_RESTARTS=2" in log_of(0, attempt=1), "max restarts 2")
+
+
+def case_restarts_used_up():
+    config = write_config(extra_job="restarts = 1")
+    rc, out, err = finish(start(config, "--sleep", "5", "--fail-rank", "3", "--fail-after", "0.1"))
+    check(rc == 1, f"exit {rc}")
+    rep = report()
+    check(len(rep["attempts"]) == 2 and rep["status"] == "failed", rep)
+    check(rep["root_cause"]["attempt"] == 0 and rep["root_cause"]["rank"] == 3, rep["root_cause"])
+
+
+def case_heartbeat_timeout():
+    config = write_config(extra_job='heartbeat_timeout = "1s"')
+    t0 = time.time()
+    proc = start(config, "--sleep", "60", "--hang-rank", "2")
+    rc, out, err = finish(proc, timeout=30)
+    elapsed = time.time() - t0
+    check(rc == 1, f"exit {rc}\n{err}")
+    cause = report()["root_cause"]
+    check(cause["rank"] == 2 and "no heartbeat" in cause["what"], cause)
+    check(elapsed < 1 + 3 + 3, f"hang detected late: {elapsed:.1f}s")
+    assert_nothing_left(proc.pid)
+    print(f"hung rank stopped {elapsed:.2f}s after start (timeout 1s)")
+
+
+def case_sigusr1_requeue():
+    config = write_config()
+    proc = start(config, "--sleep", "60")
+    wait_started()
+    time.sleep(0.3)
+    proc.send_signal(signal.SIGUSR1)
+    rc, out, err = finish(proc, timeout=20)
+    check(rc == 3, f"exit {rc}\n{err}")
+    check(report()["status"] == "requeue", report()["status"])
+    for r in range(4):
+        check("checkpointed" in log_of(r), f"rank {r} did not checkpoint")
+        check(os.path.exists(os.path.join(TMP, "job", "checkpoints", f"rank-{r}.ckpt")),
+              f"rank {r} checkpoint file")
+    assert_nothing_left(proc.pid)
+
+
+def case_sigterm_clean_stop():
+    config = write_config()
+    proc = start(config, "--sleep", "60", "--fork-child")
+    wait_started()
+    proc.send_signal(signal.SIGTERM)
+    t0 = time.time()
+    rc, out, err = finish(proc, timeout=20)
+    check(rc == 128 + signal.SIGTERM, f"exit {rc}\n{err}")
+    check(time.time() - t0 < 5, "stop took too long")
+    check(report()["status"] == "stopped", report()["status"])
+    assert_nothing_left(proc.pid)
+
+
+def case_memory_budget():
+    config = write_config(extra='[budget]\nmemory = "64MiB"\n')
+    rc, out, err = finish(start(config, "--sleep", "30", "--alloc-rank", "0", "--alloc-mib",
+                                "200"), timeout=30)
+    check(rc == 1, f"exit {rc}\n{err}")
+    cause = report()["root_cause"]
+    check(cause["rank"] == 0 and "memory budget" in cause["what"], cause)
+
+
+def expect_bad_input(config_text, needle, worker=None, job_dir=None):
+    path = os.path.join(TMP, f"bad-{uuid.uuid4().hex[:6]}.toml")
+    with open(path, "w") as f:
+        f.write(config_text)
+    env = dict(os.environ, **{MARKER: marker_value})
+    cmd = [TOPOLAUNCH, "run", path, "--job-dir", job_dir or os.path.join(TMP, "bad-job"), "--",
+           worker or WORKER, "--sleep", "30"]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=30)
+    check(proc.returncode == 2, f"exit {proc.returncode} for {needle!r}: {proc.stderr}")
+    lines = proc.stderr.strip().splitlines()
+    check(len(lines) == 1, f"one line expected, got: {proc.stderr!r}")
+    check(needle in lines[0], f"{needle!r} not in {lines[0]!r}")
+    check(not job_processes(), "something was left running")
+    print("ok:", lines[0])
+
+
+def case_bad_input():
+    base = '[mapping]\noversubscribe = true\n[job]\nranks_per_node = 2\n'
+    expect_bad_input(base + 'name = "x\n', "TOML syntax error")
+    expect_bad_input(base + 'restart = 1\n', 'did you mean "restarts"')
+    expect_bad_input(base + 'restarts = "2"\n', "expected an integer")
+    expect_bad_input(base + 'restarts = -1\n', "out of range")
+    expect_bad_input(base + '[budget]\nmemory = "16GB"\n', '"16GB" is not a size')
+    expect_bad_input(base + '[budget]\nmemory = "900PiB"\n', "too large")
+    expect_bad_input(base, "not found in PATH", worker="no-such-worker-program")
+    expect_bad_input(base, "job.job_dir", job_dir="/dev/null/job")
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", 0))
+    taken.listen()
+    port = taken.getsockname()[1]
+    expect_bad_input(base + f"[wireup]\nport = {port}\n", str(port))
+    taken.close()
+
+
+CASES = {name[5:]: fn for name, fn in globals().items() if name.startswith("case_")}
+if CASE not in CASES:
+    fail(f"unknown case {CASE}; known: {', '.join(CASES)}")
+CASES[CASE]()
+print("PASS", CASE)
