@@ -4,6 +4,8 @@
 // blocking request (get, wait, fence) simply parks the connection until its keys appear, its
 // fence completes or its deadline passes. No request can block the loop.
 #include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <poll.h>
 #include <sys/eventfd.h>
 #include <sys/socket.h>
@@ -136,7 +138,9 @@ class TcpStoreServer::Impl {
       fds.clear();
       ids.clear();
       fds.push_back({wake_.get(), POLLIN, 0});
-      fds.push_back({listener_.get(), POLLIN, 0});
+      // While out of fds, stop polling the listener (it would stay readable: a busy loop).
+      fds.push_back({listener_.get(),
+                     static_cast<short>(Clock::now() < accept_paused_until_ ? 0 : POLLIN), 0});
       for (auto& [id, conn] : conns_) {
         short events = conn.closing ? 0 : POLLIN;
         if (conn.out_sent < conn.out.size()) events |= POLLOUT;
@@ -174,6 +178,7 @@ class TcpStoreServer::Impl {
       if (!conn.authenticated) next = std::min(next, conn.auth_deadline);
       if (conn.waiting != Waiting::none) next = std::min(next, conn.deadline);
     }
+    if (accept_paused_until_ > Clock::now()) next = std::min(next, accept_paused_until_);
     if (next == Clock::time_point::max()) return 1000;
     auto ms =
         std::chrono::duration_cast<std::chrono::milliseconds>(next - Clock::now()).count() + 1;
@@ -185,12 +190,21 @@ class TcpStoreServer::Impl {
       int fd = ::accept4(listener_.get(), nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
       if (fd < 0) {
         if (errno == EINTR) continue;
-        if (errno != EAGAIN && errno != EWOULDBLOCK && errno != ECONNABORTED) {
+        if (errno == EMFILE || errno == ENFILE) {
+          options_.log("accept failed: too many open files with " + std::to_string(conns_.size()) +
+                       " clients (raise the limit: ulimit -n); retrying in 100 ms");
+          accept_paused_until_ = Clock::now() + std::chrono::milliseconds(100);
+        } else if (errno != EAGAIN && errno != EWOULDBLOCK && errno != ECONNABORTED) {
           options_.log(std::string("accept failed: ") + std::strerror(errno));
         }
         return;
       }
       net::Fd owned(fd);
+      // A get_many reply carries every rank's value; a large send buffer lets it leave in one
+      // send instead of many poll rounds (loopback starts at 16 KiB and grows slowly).
+      int send_buffer_bytes = 4 << 20, one = 1;
+      ::setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &send_buffer_bytes, sizeof send_buffer_bytes);
+      ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
       if (conns_.size() >= options_.max_clients) {
         options_.log("refused " + peer_name(fd) + ": too many clients (" +
                      std::to_string(conns_.size()) + ")");
@@ -627,6 +641,7 @@ class TcpStoreServer::Impl {
   // Owned by the serving thread.
   int world_size_ = 0;
   ConnId next_id_ = 1;
+  Clock::time_point accept_paused_until_{};
   std::map<ConnId, Conn> conns_;
   std::unordered_map<std::string, Bytes> data_;
   std::unordered_map<std::string, std::set<ConnId>> key_waiters_;

@@ -22,6 +22,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "topolaunch/wireup/tcp_store.hpp"
@@ -36,7 +37,15 @@ struct Measured {
   std::string error;  // non-empty: not measured, and why
   double exchange_ms = 0;
   double wall_ms = 0;
+  std::vector<double> rounds_ms;      // slowest rank per round
+  std::vector<double> get_rounds_ms;  // of which reading the others' values (slowest rank)
 };
+
+Measured not_measured(std::string why) {
+  Measured m;
+  m.error = std::move(why);
+  return m;
+}
 
 double median(std::vector<double> values) {
   if (values.empty()) return 0;
@@ -65,12 +74,20 @@ Measured from_lines(const std::string& output, int expected_lines, double wall_m
     if (slowest.size() < times.size()) slowest.resize(times.size(), 0);
     for (std::size_t i = 0; i < times.size(); ++i)
       slowest[i] = std::max(slowest[i], times[i].get<double>() / 1000);
+    if (parsed.contains("get_us")) {
+      const auto& gets = parsed["get_us"];
+      if (m.get_rounds_ms.size() < gets.size()) m.get_rounds_ms.resize(gets.size(), 0);
+      for (std::size_t i = 0; i < gets.size(); ++i) {
+        m.get_rounds_ms[i] = std::max(m.get_rounds_ms[i], gets[i].get<double>() / 1000);
+      }
+    }
   }
   if (lines != expected_lines) {
     m.error = "expected " + std::to_string(expected_lines) + " result lines, got " +
               std::to_string(lines);
   }
   m.exchange_ms = median(slowest);
+  m.rounds_ms = slowest;
   return m;
 }
 
@@ -92,7 +109,7 @@ Measured run_tcp(const std::string& peer, int ranks, int bytes, int rounds) {
   options.secret = "bench-secret";
   options.world_size = ranks;
   auto server = TcpStoreServer::start(options);
-  if (!server) return {server.error().message};
+  if (!server) return not_measured(server.error().message);
   char pattern[] = "/tmp/wireup-bench-XXXXXX";
   std::string dir = mkdtemp(pattern);
   auto start = Clock::now();
@@ -141,10 +158,10 @@ Measured run_tcp(const std::string& peer, int ranks, int bytes, int rounds) {
 Measured run_srun(const std::string& mpi, const std::string& peer, int ranks, int bytes,
                   int rounds) {
   if (std::getenv("SLURM_CONF") == nullptr) {
-    return {
-        "not run: no Slurm test cluster (start tests/slurm/cluster-start DIR and source DIR/env)"};
+    return not_measured(
+        "not run: no Slurm test cluster (start tests/slurm/cluster-start DIR, source DIR/env)");
   }
-  auto command = "srun -N4 -n" + std::to_string(ranks) + " --mpi=" + mpi + " " + peer +
+  auto command = "timeout 300 srun -N4 -n" + std::to_string(ranks) + " --mpi=" + mpi + " " + peer +
                  " exchange " + std::to_string(bytes) + " 60000 " + std::to_string(rounds);
   int status = 0;
   auto start = Clock::now();
@@ -155,8 +172,9 @@ Measured run_srun(const std::string& mpi, const std::string& peer, int ranks, in
 }
 
 Measured run_mpi(const std::string& program, int ranks, int bytes, int rounds) {
-  auto command = "mpirun -np " + std::to_string(ranks) + " --oversubscribe --allow-run-as-root " +
-                 program + " " + std::to_string(bytes) + " " + std::to_string(rounds);
+  auto command = "timeout 300 mpirun -np " + std::to_string(ranks) +
+                 " --oversubscribe --allow-run-as-root " + program + " " + std::to_string(bytes) +
+                 " " + std::to_string(rounds);
   int status = 0;
   auto start = Clock::now();
   auto output = run_command(command, status);
@@ -186,6 +204,12 @@ int main(int argc, char** argv) {
   std::vector<Run> runs{{"tcp", run_tcp(peer, ranks, bytes, rounds)},
                         {"pmi2", run_srun("pmi2", peer, ranks, bytes, rounds)},
                         {"pmix", run_srun("pmix", peer, ranks, bytes, rounds)}};
+  // The host's load during the run: these are wall-clock figures on shared cores.
+  double load_1m = 0;
+  if (FILE* f = std::fopen("/proc/loadavg", "r")) {
+    if (std::fscanf(f, "%lf", &load_1m) != 1) load_1m = 0;
+    std::fclose(f);
+  }
   int failures = 0;
   for (const auto& run : runs) {
     json line{{"benchmark", "wireup_fence_exchange"},
@@ -193,12 +217,15 @@ int main(int argc, char** argv) {
               {"ranks", ranks},
               {"value_bytes", bytes},
               {"rounds", rounds},
-              {"peer", "openmpi_mpirun_allgather"}};
+              {"peer", "openmpi_mpirun_allgather"},
+              {"host_cpus", std::thread::hardware_concurrency()},
+              {"host_load_1m", load_1m}};
     if (!mpi.error.empty()) {
       line["peer_error"] = mpi.error;
       ++failures;
     } else {
       line["peer_exchange_ms_median"] = mpi.exchange_ms;
+      line["peer_exchange_ms_rounds"] = mpi.rounds_ms;
       line["peer_wall_ms"] = mpi.wall_ms;
     }
     if (!run.measured.error.empty()) {
@@ -206,6 +233,8 @@ int main(int argc, char** argv) {
       if (run.measured.error.rfind("not run", 0) != 0) ++failures;
     } else {
       line["exchange_ms_median"] = run.measured.exchange_ms;
+      line["exchange_ms_rounds"] = run.measured.rounds_ms;
+      line["get_ms_rounds"] = run.measured.get_rounds_ms;
       line["wall_ms"] = run.measured.wall_ms;
       if (mpi.error.empty()) {
         line["ratio_exchange"] =

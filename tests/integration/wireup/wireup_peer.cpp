@@ -71,7 +71,7 @@ int main(int argc, char** argv) {
   int rounds = argc > 4 ? std::atoi(argv[4]) : 1;
 
   if (auto r = kv.fence(timeout); !r) return fail(r.error().message);  // everyone is connected
-  std::string times;
+  std::string times, get_times;
   for (int round = 0; round < rounds; ++round) {
     auto name = "r" + std::to_string(round);
     auto start = std::chrono::steady_clock::now();
@@ -79,6 +79,7 @@ int main(int argc, char** argv) {
       return fail(r.error().message);
     }
     if (auto r = kv.fence(timeout); !r) return fail(r.error().message);
+    auto fenced = std::chrono::steady_clock::now();
     std::vector<std::string> keys;
     std::vector<int> owners;
     for (int peer = 0; peer < kv.size(); ++peer) {
@@ -96,8 +97,12 @@ int main(int argc, char** argv) {
     auto us = std::chrono::duration_cast<std::chrono::microseconds>(
         std::chrono::steady_clock::now() - start);
     times += (round ? "," : "") + std::to_string(us.count());
+    auto get_us = std::chrono::duration_cast<std::chrono::microseconds>(
+        std::chrono::steady_clock::now() - fenced);
+    get_times += (round ? "," : "") + std::to_string(get_us.count());
   }
-  std::printf("{\"rank\":%d,\"size\":%d,\"backend\":\"%s\",\"exchange_us\":[%s]}\n", kv.rank(),
-              kv.size(), std::string(kv.backend()).c_str(), times.c_str());
+  std::printf("{\"rank\":%d,\"size\":%d,\"backend\":\"%s\",\"exchange_us\":[%s],\"get_us\":[%s]}\n",
+              kv.rank(), kv.size(), std::string(kv.backend()).c_str(), times.c_str(),
+              get_times.c_str());
   return 0;
 }
