@@ -495,6 +495,42 @@ std::string to_json_line(const StageResult& r, const std::string& node, const st
   return j.dump();
 }
 
+Result<PreflightConfig> plan_preflight(const PreflightPlanInput& in) {
+  if (in.transport != "ucx" && in.transport != "verbs")
+    return make_error(fmt::format("rdma.transport: \"{}\" is not one of ucx, verbs", in.transport));
+  PreflightConfig c;
+  c.level = in.level;
+  c.node = in.node;
+  c.require_gpudirect = in.require_gpudirect;
+  c.local_timeout = std::min(in.stage_timeout, milliseconds(5000));
+  c.connectivity_timeout = c.bandwidth_timeout = c.latency_timeout = in.stage_timeout;
+  c.min_gbytes_per_s = in.min_bandwidth_gbps / 8.0;
+  c.max_latency_us = in.max_latency_us;
+  auto inv = probe_node(in.sysfs_root, in.probe_cuda);
+  if (!inv) return inv.error();
+  c.devices = inv->devices;
+  if (c.devices.empty() && in.nics.empty()) {
+    // No RDMA on this node: check the host path (UCX tcp/shm) so the stages still run.
+    c.transport = "ucx";
+    return c;
+  }
+  static const topology::NodeTopology empty_topology;
+  const topology::NodeTopology& topo = in.topology ? *in.topology : empty_topology;
+  SelectionPolicy policy;
+  policy.require_gpudirect = in.require_gpudirect;
+  RankSelectionInput sel{in.rank, in.topology ? in.gpu : -1, in.nics, in.node};
+  auto choice = select_for_rank(sel, c.devices, inv->cuda, inv->peermem, topo, policy);
+  if (!choice) return choice.error();
+  c.selected = *choice;
+  c.transport = in.transport;
+  c.verbs.device = choice->nic;
+  c.verbs.port = choice->port;
+  c.verbs.gid_index = choice->gid_index;
+  c.ucx.net_devices = choice->env.at("UCX_NET_DEVICES");
+  c.ucx.transports = choice->env.at("UCX_TLS");
+  return c;
+}
+
 Result<PreflightReport> run_preflight(wireup::KvStore& store, const PreflightConfig& config,
                                       std::ostream* jsonl) {
   if (config.transport != "ucx" && config.transport != "verbs")

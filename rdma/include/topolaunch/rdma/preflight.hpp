@@ -83,4 +83,26 @@ std::string to_json_line(const StageResult& r, const std::string& node, const st
 Result<PreflightReport> run_preflight(wireup::KvStore& store, const PreflightConfig& config,
                                       std::ostream* jsonl);
 
+// From job-level settings to a PreflightConfig for one rank: probes the node (sysfs root,
+// CUDA driver), selects NIC/port/GID for the rank and picks the transport. What `topolaunch
+// preflight job.toml` and the `[rdma] preflight` stage of `topolaunch run` both call.
+struct PreflightPlanInput {
+  PreflightLevel level = PreflightLevel::quick;
+  int rank = 0;
+  std::string node;
+  std::vector<std::string> nics;  // [rdma] nics for this rank ("" = closest / any)
+  int gpu = -1;                   // the rank's GPU in `topology`, -1 = none
+  const topology::NodeTopology* topology = nullptr;  // for closest NICs; may be null
+  std::string transport = "verbs";  // "verbs" | "ucx"; without RDMA devices: ucx (tcp/shm)
+  std::string sysfs_root = "/sys";
+  bool probe_cuda = true;
+  bool require_gpudirect = false;
+  double min_bandwidth_gbps = 0;  // Gb/s; 0 = 0.9 x port rate when known
+  double max_latency_us = 0;      // 0 = report only
+  std::chrono::milliseconds stage_timeout{60'000};
+};
+// Errors (exit 2): a NIC named that does not exist, no healthy port, GPUDirect required but
+// impossible — each naming node, NIC and port.
+Result<PreflightConfig> plan_preflight(const PreflightPlanInput& input);
+
 }  // namespace topolaunch::rdma
