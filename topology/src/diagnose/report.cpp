@@ -90,16 +90,6 @@ void append_summary(std::string& out, const NodeTopology& topo, const ReportStyl
   }
   rows.push_back({"Memory", fmt::format("{} in {}", describe::bytes(memory),
                                         plural(host_numa.size(), "NUMA node"))});
-  if (style.verbose) {
-    rows.push_back({"hwloc", topo.sources.hwloc_api_version.empty()
-                                 ? std::string("?")
-                                 : topo.sources.hwloc_api_version});
-    rows.push_back({"NVML", topo.sources.nvml ? "yes" : "no"});
-    rows.push_back({"NVLink data", topo.sources.nvlink_known ? "yes" : "no"});
-    rows.push_back({"I/O backends", topo.sources.io_backends.empty()
-                                        ? std::string("none")
-                                        : join(topo.sources.io_backends, ", ")});
-  }
   append_table(out, rows, "");
 
   std::vector<Row> numa_rows;
@@ -112,6 +102,19 @@ void append_summary(std::string& out, const NodeTopology& topo, const ReportStyl
     numa_rows.push_back(std::move(row));
   }
   append_table(out, numa_rows, "  ");
+  if (style.verbose) {
+    std::vector<Row> source_rows;
+    source_rows.push_back({"hwloc", topo.sources.hwloc_api_version.empty()
+                                        ? std::string("?")
+                                        : topo.sources.hwloc_api_version});
+    source_rows.push_back({"NVML", topo.sources.nvml ? "yes" : "no"});
+    source_rows.push_back({"NVLink data", topo.sources.nvlink_known ? "yes" : "no"});
+    source_rows.push_back({"I/O backends", topo.sources.io_backends.empty()
+                                               ? std::string("none")
+                                               : join(topo.sources.io_backends, ", ")});
+    out += "Data sources:\n";
+    append_table(out, source_rows, "  ");
+  }
 }
 
 std::string closest_nics_cell(const NodeTopology& topo, const Gpu& gpu) {
