@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <filesystem>
+#include <fstream>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
@@ -273,4 +274,20 @@ TEST_CASE("--dot output is valid Graphviz (dot renders it)") {
   CHECK(dot.status == 0);
   CHECK(dot.err.empty());
   CHECK(contains(slurp(tmp / "node.svg"), "NVSwitch fabric"));
+}
+
+TEST_CASE("a corrupt or foreign JSON baseline is exit 2 with one line") {
+  TempDir tmp;
+  const std::string texts[] = {"{", "{\"version\": 99}", "{\"version\": 1, \"gpus\": \"x\"}",
+                               "[1, 2]"};
+  int n = 0;
+  for (const std::string& text : texts) {
+    const std::string file = tmp / ("baseline" + std::to_string(n++) + ".json");
+    std::ofstream(file) << text << '\n';
+    const Run r = topodiag({"--input", generated("dgx-h100.full.xml"), "--baseline", file});
+    CHECK(r.status == 2);
+    CHECK(r.out.empty());
+    CHECK(count_lines(r.err) == 1);
+    CHECK(contains(r.err, "--baseline"));
+  }
 }
