@@ -260,7 +260,7 @@ def case_bad_input():
     expect_bad_input(base + 'restarts = "2"\n', "expected an integer")
     expect_bad_input(base + 'restarts = -1\n', "out of range")
     expect_bad_input(base + '[budget]\nmemory = "16GB"\n', '"16GB" is not a size')
-    expect_bad_input(base + '[budget]\nmemory = "900PiB"\n', "too large")
+    expect_bad_input(base + '[budget]\nmemory = "900PiB"\n', "absurdly large")
     expect_bad_input(base, "not found in PATH", worker="no-such-worker-program")
     expect_bad_input(base, "job.job_dir", job_dir="/dev/null/job")
     taken = socket.socket()
