@@ -11,6 +11,7 @@
 // One JSON object per line; no pass/fail on timing.
 #include <fcntl.h>
 #include <spawn.h>
+#include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -39,7 +40,15 @@ struct Measured {
   double wall_ms = 0;
   std::vector<double> rounds_ms;      // slowest rank per round
   std::vector<double> get_rounds_ms;  // of which reading the others' values (slowest rank)
+  double server_cpu_ms = -1;          // tcp: CPU time of the store's thread (this process)
 };
+
+double process_cpu_ms() {
+  rusage usage{};
+  getrusage(RUSAGE_SELF, &usage);
+  return (usage.ru_utime.tv_sec + usage.ru_stime.tv_sec) * 1e3 +
+         (usage.ru_utime.tv_usec + usage.ru_stime.tv_usec) / 1e3;
+}
 
 Measured not_measured(std::string why) {
   Measured m;
@@ -108,6 +117,7 @@ Measured run_tcp(const std::string& peer, int ranks, int bytes, int rounds) {
   TcpStoreServerOptions options;
   options.secret = "bench-secret";
   options.world_size = ranks;
+  auto cpu_before_ms = process_cpu_ms();
   auto server = TcpStoreServer::start(options);
   if (!server) return not_measured(server.error().message);
   char pattern[] = "/tmp/wireup-bench-XXXXXX";
@@ -149,8 +159,11 @@ Measured run_tcp(const std::string& peer, int ranks, int bytes, int rounds) {
     text << in.rdbuf();
     output += text.str();
   }
+  (*server)->stop();
+  auto server_cpu_ms = process_cpu_ms() - cpu_before_ms;  // the main thread only waited
   std::system(("rm -rf " + dir).c_str());
   auto m = from_lines(output, ranks, wall);
+  m.server_cpu_ms = server_cpu_ms;
   if (failed > 0) m.error = std::to_string(failed) + " ranks failed";
   return m;
 }
@@ -235,6 +248,7 @@ int main(int argc, char** argv) {
       line["exchange_ms_median"] = run.measured.exchange_ms;
       line["exchange_ms_rounds"] = run.measured.rounds_ms;
       line["get_ms_rounds"] = run.measured.get_rounds_ms;
+      if (run.measured.server_cpu_ms >= 0) line["server_cpu_ms"] = run.measured.server_cpu_ms;
       line["wall_ms"] = run.measured.wall_ms;
       if (mpi.error.empty()) {
         line["ratio_exchange"] =

@@ -508,3 +508,45 @@ TEST_CASE("a rank killed mid-job makes the next fence fail at its timeout, namin
   }
   CHECK(std::chrono::steady_clock::now() - start < 5000ms);
 }
+
+TEST_CASE("topolaunch-store serves as its own process and stops cleanly on SIGTERM") {
+  const char* store_path = std::getenv("WIREUP_STORE");
+  if (store_path == nullptr) FAIL("WIREUP_STORE is not set (run through meson test)");
+  TempDir dir;
+  auto out = dir.path() + "/store.out";
+  posix_spawn_file_actions_t actions;
+  posix_spawn_file_actions_init(&actions);
+  posix_spawn_file_actions_addopen(&actions, 1, out.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  std::string path = store_path, flag = "--world-size", two = "2",
+              secret = "TOPOLAUNCH_STORE_SECRET=s3cret";
+  char* argv[] = {path.data(), flag.data(), two.data(), nullptr};
+  char* envp[] = {secret.data(), nullptr};
+  pid_t pid = -1;
+  REQUIRE(posix_spawn(&pid, argv[0], &actions, nullptr, argv, envp) == 0);
+  posix_spawn_file_actions_destroy(&actions);
+  std::string address;
+  for (int i = 0; i < 500 && address.find('\n') == std::string::npos; ++i) {
+    std::this_thread::sleep_for(10ms);
+    address = read_file(out);
+  }
+  REQUIRE(address.find('\n') != std::string::npos);
+  address.pop_back();
+
+  std::vector<std::string> env{"TOPOLAUNCH_STORE_ADDR=" + address, "TOPOLAUNCH_STORE_SECRET=s3cret",
+                               "WORLD_SIZE=2"};
+  std::vector<Peer> peers;
+  for (int rank = 0; rank < 2; ++rank) {
+    auto peer_env_rank = env;
+    peer_env_rank.push_back("RANK=" + std::to_string(rank));  // the torchrun names work too
+    peers.push_back(spawn_peer(dir, {"exchange", "1000", "5000"}, peer_env_rank));
+  }
+  for (auto& peer : peers) {
+    wait_peer(peer);
+    INFO("stderr: " << peer.err());
+    CHECK(exited_with(peer, 0));
+  }
+  kill(pid, SIGTERM);
+  Peer store{pid, out, out};
+  wait_peer(store, 5000ms);
+  CHECK(exited_with(store, 0));
+}
