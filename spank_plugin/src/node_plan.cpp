@@ -93,7 +93,9 @@ Result<NodePlan> plan_node(const StepInfo& step, std::shared_ptr<const NodeTopol
     return make_error(fmt::format("node {} is not in the step's node list", step.node_name));
   }
 
-  auto map = topology::compute_rank_map(nodes, spec);
+  topology::RankMapOptions options;
+  options.environment_node = step.node_name;  // the environment of this node's ranks only
+  auto map = topology::compute_rank_map(nodes, spec, nullptr, options);
   if (!map) return map.error();
 
   NodePlan plan;
