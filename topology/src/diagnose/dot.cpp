@@ -200,6 +200,20 @@ std::string render_dot(const NodeTopology& topo) {
           "fontsize=12;\n",
           quote(fmt::format("NUMA {}: CPUs {}, {}", numa.os_index, numa.cpus.to_list(),
                             describe::bytes(numa.memory_bytes))));
+      // The CPUs of the NUMA node as one node, so NUMA nodes without devices (and CPU-only
+      // machines) still show up: Graphviz does not draw empty clusters.
+      std::size_t cores = 0;
+      std::size_t threads = 0;
+      for (const Core& core : topo.cores) {
+        if (core.numa == numa.os_index) {
+          ++cores;
+          threads += core.pus.size();
+        }
+      }
+      out += "      " + node_line(fmt::format("cpus{}", numa.os_index),
+                                  fmt::format("{} cores\n{} threads", cores, threads),
+                                  "shape=box, style=\"rounded,filled\", fillcolor=\"#fdf3d0\", "
+                                  "fontsize=9");
       out += numa_content(numa.os_index);
       out += "    }\n";
     }
