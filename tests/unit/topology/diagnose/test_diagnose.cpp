@@ -359,3 +359,34 @@ TEST_CASE("human report of the DGX H100 matches the golden file") {
   const std::string report = render_report(topo, diagnose(topo, nullptr));
   CHECK(report == diagtest::slurp(diagtest::golden("dgx-h100.report.txt")));
 }
+
+TEST_CASE("every fixture matches itself and its JSON round trip; the generated ones are healthy") {
+  const std::vector<std::string> generated_files = {
+      "dgx-h100.full.xml", "dgx-h100.pci.xml",        "dgx-a100.full.xml",
+      "dgx-a100.pci.xml",  "pcie-l40s-8gpu.full.xml", "pcie-l40s-8gpu.pci.xml"};
+  const std::vector<std::string> real_files = {
+      "hwloc__nvidiaDGX2.xml",    "hwloc__power8gpudistances.xml", "mpibind__coral-lassen.xml",
+      "mpibind__cts1-pascal.xml", "mpibind__g4dnmetal.xml",        "psmgmt__topo.jrc0323.xml",
+      "psmgmt__topo.jsfc005.xml", "psmgmt__topo.jwb0004.xml",      "psmgmt__topo.jwc09n003.xml",
+      "psmgmt__topo.mel2001.xml"};
+  std::vector<std::string> paths;
+  for (const auto& f : generated_files) paths.push_back(generated(f));
+  for (const auto& f : real_files) paths.push_back(diagtest::real(f));
+  for (const std::string& path : paths) {
+    INFO(path);
+    const NodeTopology topo = load(path);
+    CHECK(compare_to_baseline(topo, topo).empty());
+    auto reloaded = from_json(to_json(topo), "round trip");
+    REQUIRE(reloaded.ok());
+    CHECK(compare_to_baseline(*reloaded, topo).empty());
+    // Every rendering works on every topology.
+    CHECK_FALSE(render_report(topo, check_topology(topo)).empty());
+    CHECK_FALSE(render_json(topo, check_topology(topo)).empty());
+    CHECK_FALSE(render_dot(topo).empty());
+    CHECK_FALSE(render_gres(topo).empty());
+  }
+  for (const auto& f : generated_files) {
+    INFO(f);
+    CHECK(codes_of(check_topology(load(generated(f)))).empty());
+  }
+}
