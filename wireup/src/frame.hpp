@@ -26,7 +26,7 @@ inline constexpr std::size_t kMaxUnauthenticatedPayload = 1024;
 enum class Op : std::uint16_t {
   challenge = 1,  // server -> client: nonce
   auth = 2,       // client -> server: rank, world size, client nonce, mac
-  auth_ok = 3,    // server -> client: world size, mac over the client nonce
+  auth_ok = 3,    // server -> client: world size, mac over the client nonce, max value bytes
   set = 10,       // key, value
   set_many = 11,  // count, (key, value)*
   get = 12,       // key, timeout_ms -> value

@@ -1,4 +1,5 @@
 // The TCP store client: one blocking connection, one request in flight.
+#include <algorithm>
 #include <charconv>
 
 #include "auth.hpp"
@@ -19,6 +20,8 @@ constexpr std::size_t kMaxReplyPayload = std::size_t{1} << 31;
 constexpr std::size_t kCommitBatchBytes = std::size_t{8} << 20;
 // A blocking request's reply may arrive this long after its own timeout (server loop latency).
 constexpr milliseconds kReplyGrace{5000};
+// Longer timeouts are taken as "forever" (a year), keeping deadline arithmetic in range.
+constexpr milliseconds kLongestWait{365LL * 24 * 3600 * 1000};
 
 }  // namespace
 
@@ -31,6 +34,14 @@ class TcpStoreClient::Impl {
   std::vector<std::pair<std::string, Bytes>> staged;
   std::size_t staged_bytes = 0;
   std::string broken;  // non-empty: why the connection is unusable
+  std::uint64_t max_value_bytes = std::uint64_t{64} << 20;  // the server's, from the handshake
+
+  Status check_value_size(std::string_view key, std::size_t bytes) const {
+    if (bytes <= max_value_bytes) return ok_status();
+    return fail("value of key '" + std::string(key) + "' has " + std::to_string(bytes) +
+                " bytes, above the store's limit of " + std::to_string(max_value_bytes) +
+                " (TcpStoreServerOptions::max_value_bytes)");
+  }
 
   Error fail(std::string_view what) const {
     return make_error("wireup tcp store " + options.address + ": " + std::string(what));
@@ -55,6 +66,7 @@ class TcpStoreClient::Impl {
   Result<Bytes> request(Op op, const Bytes& payload, milliseconds blocking_for = milliseconds(0)) {
     if (!broken.empty())
       return fail(std::string(proto::op_name(op)) + ": connection unusable: " + broken);
+    blocking_for = std::min(blocking_for, kLongestWait);  // milliseconds::max() must not overflow
     auto deadline = Clock::now() + options.io_timeout + blocking_for;
     auto on_io_error = [&](const Error& e) {
       broken = e.message;
@@ -102,6 +114,7 @@ class TcpStoreClient::Impl {
     }
     auto server_world_size = answer.i64();
     auto server_mac = answer.bytes();
+    auto server_max_value = answer.u64();
     if (reply->op != Op::auth_ok || !server_world_size || !server_mac)
       return fail("handshake: malformed reply");
     if (!auth::equal_constant_time(auth::server_proof(options.secret, client_nonce), *server_mac)) {
@@ -109,6 +122,7 @@ class TcpStoreClient::Impl {
           "the server does not know the job secret (a different job's store on this port?)");
     }
     world_size = static_cast<int>(*server_world_size);
+    max_value_bytes = server_max_value ? *server_max_value : max_value_bytes;
     return ok_status();
   }
 };
@@ -140,6 +154,7 @@ int TcpStoreClient::rank() const { return impl_->options.rank; }
 int TcpStoreClient::size() const { return impl_->world_size; }
 
 Status TcpStoreClient::put(std::string_view key, std::span<const std::byte> value) {
+  if (auto r = impl_->check_value_size(key, value.size()); !r) return r;
   impl_->staged.emplace_back(std::string(key), Bytes(value.begin(), value.end()));
   impl_->staged_bytes += key.size() + value.size();
   return ok_status();
@@ -208,6 +223,7 @@ Result<std::vector<Bytes>> TcpStoreClient::get_many(const std::vector<std::strin
 }
 
 Status TcpStoreClient::set(std::string_view key, std::span<const std::byte> value) {
+  if (auto r = impl_->check_value_size(key, value.size()); !r) return r;
   auto reply = impl_->request(Op::set, proto::PayloadWriter().str(key).bytes(value).take());
   if (!reply) return reply.error();
   return ok_status();

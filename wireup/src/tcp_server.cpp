@@ -302,6 +302,7 @@ class TcpStoreServer::Impl {
          proto::PayloadWriter()
              .i64(world_size_)
              .bytes(auth::server_proof(options_.secret, *client_nonce))
+             .u64(options_.max_value_bytes)
              .take());
   }
 

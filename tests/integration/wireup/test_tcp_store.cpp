@@ -224,6 +224,23 @@ TEST_CASE("get_many returns values in the order asked, waiting for late keys") {
   CHECK(none->empty());
 }
 
+TEST_CASE("values above the store's limit are refused by the client with the limit named") {
+  LogLines log;
+  TcpStoreServerOptions options;
+  options.secret = "s3cret";
+  options.max_value_bytes = 1000;
+  options.log = log.sink();
+  auto server = TcpStoreServer::start(options).value();
+  auto c = client(*server, -1, 0);
+  auto big = c->set("big", Bytes(1001));
+  REQUIRE_FALSE(big.ok());
+  CHECK(big.error().message.find("above the store's limit of 1000") != std::string::npos);
+  CHECK_FALSE(c->put("big", Bytes(5000)).ok());
+  CHECK(c->set("fits", Bytes(1000)).ok());
+  CHECK(c->get("fits", 100ms).value().size() == 1000);
+  CHECK(c->get("fits", std::chrono::milliseconds::max()).ok());  // "forever" does not overflow
+}
+
 TEST_CASE("get, wait and fence time out with errors that say what was missing") {
   LogLines log;
   auto server = start_server(2, log);
