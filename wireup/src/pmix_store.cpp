@@ -2,15 +2,14 @@
 //
 // Limits and choices:
 //   - keys up to PMIX_MAX_KEYLEN (511) chars; values are PMIX_BYTE_OBJECTs (binary-safe).
-//   - PMIx data belongs to the process that put it, our keys are job-global. get() asks the owner
-//     directly when the key follows the rank_key() convention ("name/<rank>"), otherwise it asks
-//     with PMIX_RANK_UNDEF, which makes the PMIx client search every process of the namespace.
+//   - PMIx data belongs to the process that put it, our keys are job-global: get() asks with
+//     PMIX_RANK_UNDEF, which makes the PMIx client search every process of the namespace. (A
+//     key's owner cannot be guessed from its name: "ep/<me>/<peer>" is put by <me>.)
 //   - fence() passes PMIX_COLLECT_DATA so values are on every node afterwards, and PMIX_TIMEOUT
 //     (whole seconds, rounded up); a timed-out fence cannot say which ranks were missing.
 //   - The PMIx client library reads its connection info from the real process environment, not
 //     from the Env given to connect_from_env().
 #include <algorithm>
-#include <charconv>
 
 #include "backends.hpp"
 
@@ -106,7 +105,7 @@ class PmixStore final : public KvStore {
   Result<Bytes> get(std::string_view key, milliseconds timeout) override {
     std::string key_text(key);
     pmix_proc_t owner;
-    PMIX_LOAD_PROCID(&owner, self_.nspace, owner_rank(key));
+    PMIX_LOAD_PROCID(&owner, self_.nspace, PMIX_RANK_UNDEF);
     pmix_info_t info;
     int seconds = timeout_seconds(timeout);
     PMIX_INFO_LOAD(&info, PMIX_TIMEOUT, &seconds, PMIX_INT);
@@ -126,19 +125,6 @@ class PmixStore final : public KvStore {
 
  private:
   PmixStore() = default;
-
-  // "name/<rank>" keys belong to that rank (rank_key()); others are searched for.
-  pmix_rank_t owner_rank(std::string_view key) const {
-    auto slash = key.rfind('/');
-    if (slash == std::string_view::npos) return PMIX_RANK_UNDEF;
-    auto digits = key.substr(slash + 1);
-    int rank = -1;
-    auto [end, ec] = std::from_chars(digits.data(), digits.data() + digits.size(), rank);
-    if (ec != std::errc() || end != digits.data() + digits.size() || rank < 0 || rank >= size_) {
-      return PMIX_RANK_UNDEF;
-    }
-    return static_cast<pmix_rank_t>(rank);
-  }
 
   pmix_proc_t self_{};
   int size_ = 0;

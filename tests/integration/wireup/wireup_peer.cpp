@@ -6,7 +6,7 @@
 //       (get_many) and check its content. Prints {"rank":R,"exchange_us":[...]} (one figure per
 //       round).
 //   wireup_peer shared <timeout_ms>
-//       rank 0 puts one key that is not per-rank ("job/unique-id", like an NCCL unique id), fence,
+//       rank 0 puts one key that is not per-rank (shared_key, like an NCCL unique id), fence,
 //       every rank gets and checks it. Prints {"rank":R,"shared":"ok"}.
 //   wireup_peer hang
 //       connect, take part in the first fence, print "ready", then sleep (to be killed).
@@ -54,11 +54,14 @@ int main(int argc, char** argv) {
   if (mode == "shared" && argc >= 3) {
     milliseconds timeout(std::strtoll(argv[2], nullptr, 10));
     const Bytes id = value_of(12345, 0, 128);
+    // Put by rank 0 but named after the last rank, like "ep/<me>/<peer>" keys: a backend must
+    // not guess a key's owner from its name.
+    const std::string shared_key = "job/unique-id/" + std::to_string(kv.size() - 1);
     if (kv.rank() == 0) {
-      if (auto r = kv.put("job/unique-id", id); !r) return fail(r.error().message);
+      if (auto r = kv.put(shared_key, id); !r) return fail(r.error().message);
     }
     if (auto r = kv.fence(timeout); !r) return fail(r.error().message);
-    auto got = kv.get("job/unique-id", timeout);
+    auto got = kv.get(shared_key, timeout);
     if (!got) return fail(got.error().message);
     if (*got != id) return fail("wrong shared value");
     std::printf("{\"rank\":%d,\"backend\":\"%s\",\"shared\":\"ok\"}\n", kv.rank(),
