@@ -201,9 +201,17 @@ class Suite:
         check(len(ports) == 1 and ports.pop().isdigit(), "MASTER_PORT differs between tasks")
 
     def assert_node_healthy(self):
-        states = self.cluster.node_states()
-        check(all(s == "idle" for s in states.values()) and len(states) == 4,
-              "nodes not all idle afterwards: %s" % states)
+        # A failed step's job may still be "completing" for a moment; a node that went down or
+        # was drained never comes back by itself.
+        deadline = time.monotonic() + 20
+        while True:
+            states = self.cluster.node_states()
+            bad = {n: s for n, s in states.items() if re.search("down|drain|fail|unk", s)}
+            check(not bad, "nodes not healthy afterwards: %s" % states)
+            if len(states) == 4 and all(s == "idle" for s in states.values()):
+                break
+            check(time.monotonic() < deadline, "nodes not idle 20s afterwards: %s" % states)
+            time.sleep(0.3)
         alive = self.cluster.daemons_alive()
         check(all(alive.values()), "a daemon died: %s" % alive)
         crashes = self.cluster.crash_lines()
