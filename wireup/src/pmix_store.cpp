@@ -2,14 +2,16 @@
 //
 // Limits and choices:
 //   - keys up to PMIX_MAX_KEYLEN (511) chars; values are PMIX_BYTE_OBJECTs (binary-safe).
-//   - PMIx data belongs to the process that put it, our keys are job-global: get() asks with
-//     PMIX_RANK_UNDEF, which makes the PMIx client search every process of the namespace. (A
-//     key's owner cannot be guessed from its name: "ep/<me>/<peer>" is put by <me>.)
+//   - PMIx data belongs to the process that put it, our keys are job-global. get() first tries
+//     the rank a rank_key() names, locally only (PMIX_OPTIONAL: cheap, and a wrong guess such as
+//     "ep/<me>/<peer>", put by <me>, just misses), then PMIX_RANK_UNDEF, which makes the PMIx
+//     client search every process of the namespace (slower: it grows with ranks and keys).
 //   - fence() passes PMIX_COLLECT_DATA so values are on every node afterwards, and PMIX_TIMEOUT
 //     (whole seconds, rounded up); a timed-out fence cannot say which ranks were missing.
 //   - The PMIx client library reads its connection info from the real process environment, not
 //     from the Env given to connect_from_env().
 #include <algorithm>
+#include <charconv>
 
 #include "backends.hpp"
 
@@ -104,15 +106,29 @@ class PmixStore final : public KvStore {
 
   Result<Bytes> get(std::string_view key, milliseconds timeout) override {
     std::string key_text(key);
-    pmix_proc_t owner;
-    PMIX_LOAD_PROCID(&owner, self_.nspace, PMIX_RANK_UNDEF);
-    pmix_info_t info;
-    int seconds = timeout_seconds(timeout);
-    PMIX_INFO_LOAD(&info, PMIX_TIMEOUT, &seconds, PMIX_INT);
     pmix_value_t* value = nullptr;
-    auto rc = PMIx_Get(&owner, key_text.c_str(), &info, 1, &value);
-    PMIX_INFO_DESTRUCT(&info);
-    if (rc != PMIX_SUCCESS) return make_error(pmix_error("PMIx_Get('" + key_text + "')", rc));
+    // Fast path: a rank_key() ("name/<rank>") is usually that rank's; PMIX_OPTIONAL looks only in
+    // the local data store (filled by the collecting fence) and fails at once if it is not there.
+    if (auto guess = guessed_owner(key); guess != PMIX_RANK_UNDEF) {
+      pmix_proc_t owner;
+      PMIX_LOAD_PROCID(&owner, self_.nspace, guess);
+      pmix_info_t info;
+      bool local_only = true;
+      PMIX_INFO_LOAD(&info, PMIX_OPTIONAL, &local_only, PMIX_BOOL);
+      auto rc = PMIx_Get(&owner, key_text.c_str(), &info, 1, &value);
+      PMIX_INFO_DESTRUCT(&info);
+      if (rc != PMIX_SUCCESS) value = nullptr;
+    }
+    if (value == nullptr) {  // any process of the job may have put it
+      pmix_proc_t anyone;
+      PMIX_LOAD_PROCID(&anyone, self_.nspace, PMIX_RANK_UNDEF);
+      pmix_info_t info;
+      int seconds = timeout_seconds(timeout);
+      PMIX_INFO_LOAD(&info, PMIX_TIMEOUT, &seconds, PMIX_INT);
+      auto rc = PMIx_Get(&anyone, key_text.c_str(), &info, 1, &value);
+      PMIX_INFO_DESTRUCT(&info);
+      if (rc != PMIX_SUCCESS) return make_error(pmix_error("PMIx_Get('" + key_text + "')", rc));
+    }
     Result<Bytes> out =
         make_error("wireup pmix: key '" + key_text + "' does not hold a byte object");
     if (value->type == PMIX_BYTE_OBJECT) {
@@ -124,6 +140,18 @@ class PmixStore final : public KvStore {
   }
 
  private:
+  pmix_rank_t guessed_owner(std::string_view key) const {
+    auto slash = key.rfind('/');
+    if (slash == std::string_view::npos) return PMIX_RANK_UNDEF;
+    auto digits = key.substr(slash + 1);
+    int rank = -1;
+    auto [end, ec] = std::from_chars(digits.data(), digits.data() + digits.size(), rank);
+    if (ec != std::errc() || end != digits.data() + digits.size() || rank < 0 || rank >= size_) {
+      return PMIX_RANK_UNDEF;
+    }
+    return static_cast<pmix_rank_t>(rank);
+  }
+
   PmixStore() = default;
 
   pmix_proc_t self_{};
