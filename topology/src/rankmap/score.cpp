@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <map>
 #include <nlohmann/json.hpp>
 
 #include "local_plan.hpp"
@@ -172,16 +173,25 @@ Result<MapScore> score_rank_map(const RankMap& map, const std::vector<NodeInput>
       }
     }
     const auto& users = p.nic_users[f.node];
-    bool has_idle = false;
-    for (int k : profile.selected_nics) has_idle = has_idle || users[k] == 0;
-    bool not_closest = false, shared = false;
+    // Needless sharing: an idle selectable NIC would serve this rank's GPU at least as well.
+    auto idle_as_close = [&](int used) {
+      for (int k : profile.selected_nics) {
+        if (users[k] != 0) continue;
+        if (f.gpu < 0 || !profile.gpu_nic_relation(f.gpu, used)
+                              .closer_than(profile.gpu_nic_relation(f.gpu, k))) {
+          return true;
+        }
+      }
+      return false;
+    };
+    bool not_closest = false, shared_needlessly = false;
     int nics = 0;
     for (const std::string& name : a.nics) {
       int k = nic_index(*profile.topology, name);
       if (k < 0) continue;
       ++nics;
       score.max_ranks_per_nic = std::max(score.max_ranks_per_nic, users[k]);
-      shared = shared || users[k] > 1;
+      shared_needlessly = shared_needlessly || (users[k] > 1 && idle_as_close(k));
       if (f.gpu >= 0 && !profile.closest_nics[f.gpu].empty()) {
         const Relation& best = profile.gpu_nic_relation(f.gpu, profile.closest_nics[f.gpu].front());
         if (best.closer_than(profile.gpu_nic_relation(f.gpu, k))) not_closest = true;
@@ -189,7 +199,7 @@ Result<MapScore> score_rank_map(const RankMap& map, const std::vector<NodeInput>
     }
     if (nics == 0 && !profile.selected_nics.empty()) score.ranks_without_nic++;
     if (not_closest) score.ranks_nic_not_closest++;
-    if (shared && has_idle) score.ranks_nic_shared_needlessly++;
+    if (shared_needlessly) score.ranks_nic_shared_needlessly++;
   }
   // Rings: tensor groups are consecutive ranks; data-parallel rings stride by `tensor`.
   const int tp = map.tensor, dp = map.data, pp = map.pipeline;
@@ -244,21 +254,15 @@ void explain(const MappingReport& report, const std::vector<NodeInput>& inputs,
   if (ours.tensor > 1) {
     lines.push_back(fmt::format(
         "tensor groups of {} are consecutive ranks inside one NVLink domain; data-parallel rings "
-        "stride by {} (Megatron order tensor, data, pipeline)",
+        "stride by {} (Megatron order: tensor, data, pipeline)",
         ours.tensor, ours.tensor));
   }
   ProfileCache cache(spec.nics);
-  std::vector<const NodeInput*> by_name;
-  for (const auto& input : inputs) by_name.push_back(&input);
-  std::sort(by_name.begin(), by_name.end(),
-            [](const NodeInput* a, const NodeInput* b) { return a->name < b->name; });
-  auto profile_of = [&](const std::string& name) -> const NodeProfile& {
-    auto it =
-        std::lower_bound(by_name.begin(), by_name.end(), name,
-                         [](const NodeInput* a, const std::string& key) { return a->name < key; });
-    return cache.get(cache.intern((*it)->topology));
-  };
-  // NIC users per (map, node, nic) for the "shared by" notes.
+  std::map<std::string, const NodeInput*> input_of;
+  for (const auto& input : inputs) input_of[input.name] = &input;
+  std::map<std::string, int> base_node_of;
+  for (std::size_t n = 0; n < base.nodes.size(); ++n)
+    base_node_of[base.nodes[n].name] = static_cast<int>(n);
   auto users = [](const RankMap& map, int node, const std::string& nic) {
     int count = 0;
     for (int r : map.nodes[node].rank_ids) {
@@ -268,60 +272,93 @@ void explain(const MappingReport& report, const std::vector<NodeInput>& inputs,
     }
     return count;
   };
-  constexpr std::size_t kMaxLines = 64;
-  std::size_t skipped = 0;
-  auto emit = [&](std::string line) {
-    if (lines.size() < kMaxLines) {
-      lines.push_back(std::move(line));
-    } else {
-      ++skipped;
+  auto gpu_list = [](const RankMap& map, int node) {
+    std::string out;
+    for (int r : map.nodes[node].rank_ids) {
+      if (r < 0) continue;
+      const auto& gpus = map.ranks[r].gpus;
+      out += (out.empty() ? "" : ",") +
+             (gpus.empty() ? std::string("-") : std::to_string(gpus.front()));
     }
+    return out;
   };
-  for (std::size_t r = 0; r < ours.ranks.size() && r < base.ranks.size(); ++r) {
-    const RankAssignment& a = ours.ranks[r];
-    const RankAssignment& b = base.ranks[r];
-    const std::string& node_name = ours.nodes[a.node].name;
-    const NodeProfile& profile = profile_of(node_name);
-    const int g = a.gpus.empty() ? -1 : a.gpus.front();
-    const std::string where = fmt::format("rank {} ({} local {})", r, node_name, a.local_rank);
-    if (ours.nodes[a.node].name != base.nodes[b.node].name) {
-      emit(fmt::format("{}: on {} instead of {} (switch-tree order)", where, node_name,
-                       base.nodes[b.node].name));
-      continue;
+  // Per node, what differs from the baseline, GPU by GPU; nodes with the same differences are
+  // reported once ("n1 +1023").
+  std::vector<std::pair<std::vector<std::string>, std::vector<std::string>>> groups;
+  for (std::size_t n = 0; n < ours.nodes.size(); ++n) {
+    const RankMapNode& node = ours.nodes[n];
+    auto found = base_node_of.find(node.name);
+    auto input = input_of.find(node.name);
+    if (found == base_node_of.end() || input == input_of.end()) continue;
+    const int bn = found->second;
+    const NodeProfile& profile = cache.get(cache.intern(input->second->topology));
+    std::vector<std::string> body;
+    std::string our_gpus = gpu_list(ours, static_cast<int>(n)), base_gpus = gpu_list(base, bn);
+    if (our_gpus != base_gpus) {
+      body.push_back(
+          fmt::format("local ranks take GPUs {} (bus order inside NVLink domains) where {} "
+                      "deals {} (tasks cyclic over sockets)",
+                      our_gpus, base.label, base_gpus));
     }
-    if (a.gpus != b.gpus && g >= 0 && !b.gpus.empty()) {
-      emit(
-          fmt::format("{}: GPU{} instead of GPU{}: local ranks follow bus order inside NVLink "
-                      "domains, not the socket round-robin of block:cyclic",
-                      where, g, b.gpus.front()));
+    std::map<int, int> base_rank_of_gpu;
+    for (int r : base.nodes[bn].rank_ids) {
+      if (r >= 0 && !base.ranks[r].gpus.empty())
+        base_rank_of_gpu.emplace(base.ranks[r].gpus.front(), r);
     }
-    if (g >= 0 && profile.gpu_numa[g] >= 0 && a.cpus != b.cpus) {
-      int numa = profile.gpu_numa[g];
-      CpuSet local = profile.numa_cpus(numa);
-      int bg = b.gpus.empty() ? -1 : b.gpus.front();
-      int bnuma = bg >= 0 ? profile.gpu_numa[bg] : -1;
-      bool base_off = bnuma >= 0 && !profile.numa_cpus(bnuma).contains_all(b.cpus);
-      if (local.contains_all(a.cpus) && base_off) {
-        emit(fmt::format(
-            "{}: cores {} on NUMA {} next to GPU{}; slurm's binding gives {} (NUMA {}), "
-            "off its GPU's NUMA {}",
-            where, a.cpus.to_list(), numa, g, b.cpus.to_list(), b.numa, bnuma));
+    for (int r : node.rank_ids) {
+      if (r < 0) continue;
+      const RankAssignment& a = ours.ranks[r];
+      if (a.gpus.empty()) continue;
+      const int g = a.gpus.front();
+      auto other = base_rank_of_gpu.find(g);
+      if (other == base_rank_of_gpu.end()) continue;
+      const RankAssignment& b = base.ranks[other->second];
+      const int numa = profile.gpu_numa[g];
+      if (numa >= 0) {
+        const CpuSet& local = profile.gpu_numa_cpus[g];
+        bool ours_on = local.contains_all(a.cpus) && a.numa == numa;
+        bool base_off = !local.contains_all(b.cpus) || b.numa != numa;
+        if (ours_on && base_off) {
+          body.push_back(
+              fmt::format("GPU{} (NUMA {}): cores {} and memory on NUMA {}; {} gives cores "
+                          "{} and first-touch memory on NUMA {}",
+                          g, numa, a.cpus.to_list(), a.numa, base.label, b.cpus.to_list(), b.numa));
+        }
+      }
+      if (a.nics != b.nics && !a.nics.empty()) {
+        const std::string base_nic = b.nics.empty() ? std::string("none") : b.nics.front();
+        body.push_back(
+            fmt::format("GPU{}: NIC {} ({}, {} rank(s) on it) instead of {} ({}, {} rank(s) on it)",
+                        g, join(a.nics), relation_text(profile, g, a.nics.front()),
+                        users(ours, static_cast<int>(n), a.nics.front()), base_nic,
+                        b.nics.empty() ? "-" : relation_text(profile, g, base_nic),
+                        b.nics.empty() ? 0 : users(base, bn, base_nic)));
       }
     }
-    if (a.nics != b.nics && !a.nics.empty()) {
-      std::string base_nic = b.nics.empty() ? std::string("none") : b.nics.front();
-      int bg = b.gpus.empty() ? -1 : b.gpus.front();
-      emit(fmt::format(
-          "{}: NIC {} ({} to GPU{}, used by {} rank(s)) instead of {} ({}{}, used by {})", where,
-          join(a.nics), relation_text(profile, g, a.nics.front()), g,
-          users(ours, a.node, a.nics.front()), base_nic,
-          b.nics.empty() ? "-" : relation_text(profile, bg, base_nic),
-          bg >= 0 ? fmt::format(" to GPU{}", bg) : std::string(),
-          b.nics.empty() ? 0 : users(base, b.node, base_nic)));
+    if (body.empty()) continue;
+    auto same = std::find_if(groups.begin(), groups.end(),
+                             [&](const auto& group) { return group.second == body; });
+    if (same != groups.end()) {
+      same->first.push_back(node.name);
+    } else {
+      groups.push_back({{node.name}, std::move(body)});
+    }
+  }
+  constexpr std::size_t kMaxLines = 64;
+  std::size_t skipped = 0;
+  for (const auto& [names, body] : groups) {
+    std::string who =
+        names.size() == 1 ? names.front() : fmt::format("{} +{}", names.front(), names.size() - 1);
+    for (const auto& line : body) {
+      if (lines.size() < kMaxLines) {
+        lines.push_back(fmt::format("{}: {}", who, line));
+      } else {
+        ++skipped;
+      }
     }
   }
   if (skipped > 0) {
-    lines.push_back(fmt::format("... and {} more differences of the same kinds", skipped));
+    lines.push_back(fmt::format("... and {} more lines of the same kinds", skipped));
   }
 }
 

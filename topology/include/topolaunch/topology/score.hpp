@@ -29,10 +29,11 @@ struct MapScore {
   int dp_rings = 0;
   double dp_ring_min_mbps = 0.0;
   double dp_ring_mean_mbps = 0.0;
-  int ranks_cpus_off_numa = 0;          // some core not on the NUMA node of the rank's GPU
-  int ranks_memory_off_numa = 0;        // memory node != the GPU's NUMA node
-  int ranks_nic_not_closest = 0;        // a NIC with a better relation to the GPU was selectable
-  int ranks_nic_shared_needlessly = 0;  // shares its NIC while a selectable NIC on the node is idle
+  int ranks_cpus_off_numa = 0;    // some core not on the NUMA node of the rank's GPU
+  int ranks_memory_off_numa = 0;  // memory node != the GPU's NUMA node
+  int ranks_nic_not_closest = 0;  // a NIC with a better relation to the GPU was selectable
+  // shares its NIC while an idle selectable NIC on the node is as close to its GPU
+  int ranks_nic_shared_needlessly = 0;
   int max_ranks_per_nic = 0;
   int ranks_without_nic = 0;
   long switch_hops = 0;  // over all tp and dp ring edges between nodes
