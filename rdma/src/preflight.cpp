@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cstring>
+#include <future>
 #include <map>
 #include <nlohmann/json.hpp>
 
@@ -263,7 +264,7 @@ class Runner {
       transport_->progress();
       sched_yield();
     }
-    if (auto st = store_.fence(timeout); !st)
+    if (auto st = fence(timeout); !st)
       return fail("connectivity", me() + ": " + st.error().message);
     StageResult r;
     r.stage = "connectivity";
@@ -274,6 +275,18 @@ class Runner {
                             peer_where(left_), transport_->description());
     emit(r);
     return true;
+  }
+
+  // A store fence during which this thread keeps the transport progressing: over UCX tcp a
+  // peer's flush completes only when we answer it, so a fence that stops progress would
+  // deadlock with a peer still flushing. The store is used by the fence thread alone meanwhile.
+  Status fence(milliseconds timeout) {
+    auto done = std::async(std::launch::async, [&] { return store_.fence(timeout); });
+    while (done.wait_for(std::chrono::milliseconds(0)) != std::future_status::ready) {
+      transport_->progress();
+      sched_yield();
+    }
+    return done.get();
   }
 
   // A word inside our control buffer used as a registered source for small writes.
@@ -348,8 +361,7 @@ class Runner {
                         phase);
         }
       }
-      if (auto st = store_.fence(timeout); !st)
-        return fail("bandwidth", me() + ": " + st.error().message);
+      if (auto st = fence(timeout); !st) return fail("bandwidth", me() + ": " + st.error().message);
     }
     return all_ok;
   }
@@ -425,8 +437,7 @@ class Runner {
                       fmt::format("{} -> {}: {}", me(), peer_where(phase), st.error().message),
                       phase);
       }
-      if (auto st = store_.fence(timeout); !st)
-        return fail("latency", me() + ": " + st.error().message);
+      if (auto st = fence(timeout); !st) return fail("latency", me() + ": " + st.error().message);
     }
     return all_ok;
   }

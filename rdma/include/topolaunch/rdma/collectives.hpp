@@ -28,7 +28,7 @@ struct CommunicatorOptions {
   // How long one collective (or the address exchange) may wait for a peer.
   std::chrono::milliseconds timeout{60'000};
   // Peer liveness probe period (UCX_KEEPALIVE_INTERVAL): detection takes about this long on shm.
-  std::chrono::milliseconds keepalive{250};
+  std::chrono::milliseconds keepalive{500};
   // The all-reduce moves buffers in pieces of at most this many bytes per message, so a large
   // buffer needs only this much scratch and sends overlap with reductions.
   std::size_t chunk_bytes = std::size_t{4} << 20;

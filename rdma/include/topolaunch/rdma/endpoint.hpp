@@ -59,7 +59,9 @@ class Transport {
 struct UcxTransportOptions {
   std::string transports;   // UCX_TLS
   std::string net_devices;  // UCX_NET_DEVICES
-  std::chrono::milliseconds keepalive{250};
+  // UCX_KEEPALIVE_INTERVAL: 1 s detects a dead shm peer in about a second (rdma.md §1.3) without
+  // failing live peers that an overloaded host schedules late.
+  std::chrono::milliseconds keepalive{1000};
 };
 Result<std::unique_ptr<Transport>> open_ucx_transport(int rank, const UcxTransportOptions& options);
 
