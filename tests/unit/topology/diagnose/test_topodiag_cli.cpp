@@ -291,3 +291,11 @@ TEST_CASE("a corrupt or foreign JSON baseline is exit 2 with one line") {
     CHECK(contains(r.err, "--baseline"));
   }
 }
+
+TEST_CASE("warnings only exit 3, or 0 with --warnings-ok") {
+  const Run warned = topodiag({"--input", negative("dgx-h100.no-locality.xml")});
+  CHECK(warned.status == 3);
+  CHECK(contains(warned.out, "TOPO302 warning node:"));
+  const Run ok = topodiag({"--input", negative("dgx-h100.no-locality.xml"), "--warnings-ok"});
+  CHECK(ok.status == 0);
+}
