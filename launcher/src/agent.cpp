@@ -4,6 +4,7 @@
 
 #include <arpa/inet.h>
 #include <fcntl.h>
+#include <netdb.h>
 #include <netinet/in.h>
 #include <poll.h>
 #include <sys/prctl.h>
@@ -22,8 +23,10 @@
 #include <ctime>
 #include <filesystem>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <random>
+#include <sstream>
 
 #include "process.hpp"
 #include "topolaunch/launcher/job_config.hpp"
@@ -32,6 +35,7 @@
 #include "topolaunch/launcher/worker_env.hpp"
 #include "topolaunch/topology/discover.hpp"
 #include "topolaunch/topology/rankmap.hpp"
+#include "topolaunch/topology/serialize.hpp"
 #include "topolaunch/wireup/tcp_store.hpp"
 
 extern char** environ;
@@ -144,6 +148,10 @@ struct Job {
   RunOptions options;
   topology::RankMap map;
   std::string node_name;
+  int node_index = 0;                  // this agent's node in the map
+  std::string external_store_address;  // "" = host a store per attempt here
+  std::string master_addr = "127.0.0.1";
+  int master_port = 0;  // 0 = a free port per attempt
   std::string run_id;
   fs::path job_dir;
   fs::path checkpoint_dir;
@@ -174,23 +182,31 @@ class AttemptRunner {
       return make_error(
           fmt::format("job.job_dir: cannot create {}: {}", attempt_dir.string(), ec.message()));
 
-    wireup::TcpStoreServerOptions store_options;
-    store_options.bind_host = "127.0.0.1";
-    store_options.port = static_cast<std::uint16_t>(job_.config.wireup.port);
-    store_options.secret = job_.secret;
-    store_options.world_size = job_.map.world_size;
-    auto store = wireup::TcpStoreServer::start(store_options);
-    if (!store) {
-      return make_error(
-          fmt::format("wireup.port: cannot start the TCP store: {}", store.error().message));
+    // Standalone: a fresh store per attempt (a fence left half-done by a dead worker must not
+    // leak into the next attempt). Under Slurm the `run` process hosts it and passes its address.
+    std::unique_ptr<wireup::TcpStoreServer> store;
+    std::string store_address = job_.external_store_address;
+    if (store_address.empty()) {
+      wireup::TcpStoreServerOptions store_options;
+      store_options.bind_host = "127.0.0.1";
+      store_options.port = static_cast<std::uint16_t>(job_.config.wireup.port);
+      store_options.secret = job_.secret;
+      store_options.world_size = job_.map.world_size;
+      auto started = wireup::TcpStoreServer::start(store_options);
+      if (!started) {
+        return make_error(
+            fmt::format("wireup.port: cannot start the TCP store: {}", started.error().message));
+      }
+      store = std::move(*started);
+      store_address = store->address();
     }
 
     JobFacts facts;
     facts.run_id = job_.run_id;
     facts.attempt = attempt_;
-    facts.master_addr = "127.0.0.1";
-    facts.master_port = free_port();
-    facts.store_address = (*store)->address();
+    facts.master_addr = job_.master_addr;
+    facts.master_port = job_.master_port != 0 ? job_.master_port : free_port();
+    facts.store_address = store_address;
     facts.store_secret = job_.secret;
     facts.rankmap_file = job_.rankmap_file.string();
     facts.config_file = fs::absolute(job_.config.path).string();
@@ -198,12 +214,13 @@ class AttemptRunner {
     facts.checkpoint_dir = job_.checkpoint_dir.string();
 
     for (const auto& assignment : job_.map.ranks) {
+      if (assignment.node != job_.node_index) continue;
       Worker w;
       w.rank = assignment.rank;
       w.outcome.rank = assignment.rank;
       w.outcome.local_rank = assignment.local_rank;
       w.outcome.node = assignment.node;
-      w.outcome.node_name = job_.node_name;
+      w.outcome.node_name = job_.map.nodes[static_cast<std::size_t>(assignment.node)].name;
       w.heartbeat_path =
           (attempt_dir / "heartbeat" / fmt::format("rank-{}", assignment.rank)).string();
       { std::ofstream create(w.heartbeat_path, std::ios::trunc); }
@@ -247,7 +264,7 @@ class AttemptRunner {
 
     supervise();
 
-    (*store)->stop();
+    if (store) store->stop();
     for (Worker& w : workers_) report_.ranks.push_back(w.outcome);
     report_.wall_s = seconds_between(attempt_start, Clock::now());
     switch (stop_) {
@@ -518,8 +535,39 @@ std::string make_run_id(const std::string& name) {
   return fmt::format("{}-{}-{}", name, stamp, random_hex(2));
 }
 
-// Everything that can be refused before a worker starts (exit 2).
-Result<Job> prepare(const RunOptions& options) {
+// This node's input to the rank map: its topology (live, or a file where "%n" is the node name)
+// and what the job may use here.
+Result<topology::NodeInput> local_node_input(const RunOptions& options, const JobConfig& config,
+                                             const std::string& node_name) {
+  topology::DiscoverOptions discover_options;
+  discover_options.nics = config.rdma.nics;
+  std::string topology_path = options.topology_path;
+  for (std::size_t at; (at = topology_path.find("%n")) != std::string::npos;) {
+    topology_path.replace(at, 2, node_name);
+  }
+  auto topo = topology_path.empty() ? topology::discover_live(discover_options)
+                                    : topology::load_topology_file(topology_path, discover_options);
+  if (!topo) return topo.error();
+  topology::NodeInput node;
+  node.name = node_name;
+  node.topology = std::make_shared<const topology::NodeTopology>(std::move(*topo));
+  if (topology_path.empty()) {
+    auto allocation = topology::allocation_of_this_process();
+    if (!allocation) return allocation.error();
+    node.allocation = *allocation;
+  }
+  return node;
+}
+
+std::string this_node_name() {
+  if (const char* slurm = std::getenv("SLURMD_NODENAME"); slurm && *slurm) return slurm;
+  char host[256] = {};
+  ::gethostname(host, sizeof(host) - 1);
+  return host;
+}
+
+// Everything that can be refused before a worker starts (exit 2); the map comes later.
+Result<Job> prepare_job(const RunOptions& options, const std::string& run_id) {
   Job job;
   job.job_start = Clock::now();
   job.options = options;
@@ -531,31 +579,10 @@ Result<Job> prepare(const RunOptions& options) {
   if (!program) return program.error();
   job.program = *program;
   job.argv = job.config.worker.command;
-
-  char host[256] = {};
-  ::gethostname(host, sizeof(host) - 1);
-  job.node_name = host;
-  topology::DiscoverOptions discover_options;
-  discover_options.nics = job.config.rdma.nics;
-  auto topo = options.topology_path.empty()
-                  ? topology::discover_live(discover_options)
-                  : topology::load_topology_file(options.topology_path, discover_options);
-  if (!topo) return topo.error();
-  topology::NodeInput node;
-  node.name = job.node_name;
-  node.topology = std::make_shared<const topology::NodeTopology>(std::move(*topo));
-  if (options.topology_path.empty()) {
-    auto allocation = topology::allocation_of_this_process();
-    if (!allocation) return allocation.error();
-    node.allocation = *allocation;
-  }
-  auto map = topology::compute_rank_map({node}, job.config.mapping);
-  if (!map) return map.error();
-  job.map = std::move(*map);
-  if (job.map.world_size <= 0) return make_error("the rank map has no rank to start");
+  job.node_name = this_node_name();
   job.cpus_here = allowed_cpus_here();
 
-  job.run_id = make_run_id(job.config.job.name);
+  job.run_id = run_id.empty() ? make_run_id(job.config.job.name) : run_id;
   std::string dir = !options.job_dir_override.empty() ? options.job_dir_override
                     : !job.config.job.job_dir.empty() ? job.config.job.job_dir
                                                       : "topolaunch-jobs/" + job.run_id;
@@ -579,12 +606,38 @@ Result<Job> prepare(const RunOptions& options) {
                                   job.checkpoint_dir.string(), ec.message()));
   }
   job.rankmap_file = job.job_dir / "rankmap.json";
-  if (auto s = write_file(job.rankmap_file, topology::to_json(job.map)); !s) {
-    return make_error(fmt::format("job.job_dir: {}", s.error().message));
-  }
   job.secret = random_hex(32);
   job.inherited = current_environment();
   job.terminal = ::isatty(2) == 1;
+  return job;
+}
+
+Status set_map(Job& job, const std::vector<topology::NodeInput>& nodes, bool write_map_file) {
+  auto map = topology::compute_rank_map(nodes, job.config.mapping);
+  if (!map) return map.error();
+  job.map = std::move(*map);
+  if (job.map.world_size <= 0) return make_error("the rank map has no rank to start");
+  job.node_index = -1;
+  for (std::size_t i = 0; i < job.map.nodes.size(); ++i) {
+    if (job.map.nodes[i].name == job.node_name) job.node_index = static_cast<int>(i);
+  }
+  if (job.node_index < 0) {
+    return make_error(fmt::format("node {} is not in the rank map", job.node_name), 1);
+  }
+  if (write_map_file) {
+    if (auto s = write_file(job.rankmap_file, topology::to_json(job.map)); !s) {
+      return make_error(fmt::format("job.job_dir: {}", s.error().message));
+    }
+  }
+  return ok_status();
+}
+
+Result<Job> prepare(const RunOptions& options) {
+  auto job = prepare_job(options, "");
+  if (!job) return job;
+  auto node = local_node_input(options, job->config, job->node_name);
+  if (!node) return node.error();
+  if (auto s = set_map(*job, {*node}, true); !s) return s.error();
   return job;
 }
 
@@ -606,12 +659,241 @@ class SignalScope {
   Fd fd_;
 };
 
+std::string node_input_to_json(const topology::NodeInput& node) {
+  nlohmann::json j;
+  j["name"] = node.name;
+  j["topology"] = topology::to_json(*node.topology);
+  j["all_gpus"] = node.allocation.all_gpus;
+  j["gpus"] = node.allocation.gpus;
+  j["gpu_uuids"] = node.allocation.gpu_uuids;
+  j["cuda_naming"] = static_cast<int>(node.allocation.cuda_naming);
+  j["cpus"] = node.allocation.cpus ? node.allocation.cpus->to_list() : std::string("*");
+  return j.dump();
+}
+
+Result<topology::NodeInput> node_input_from_json(const std::string& text,
+                                                 const std::string& origin) {
+  auto j = nlohmann::json::parse(text, nullptr, false);
+  if (j.is_discarded() || !j.is_object() || !j.contains("topology")) {
+    return make_error(fmt::format("{}: not a node record", origin), 1);
+  }
+  auto topo = topology::from_json(j.value("topology", ""), origin);
+  if (!topo) return topo.error();
+  topology::NodeInput node;
+  node.name = j.value("name", "");
+  node.topology = std::make_shared<const topology::NodeTopology>(std::move(*topo));
+  node.allocation.all_gpus = j.value("all_gpus", true);
+  node.allocation.gpus = j.value("gpus", std::vector<int>{});
+  node.allocation.gpu_uuids = j.value("gpu_uuids", std::vector<std::string>{});
+  node.allocation.cuda_naming = static_cast<topology::CudaNaming>(j.value("cuda_naming", 0));
+  std::string cpus = j.value("cpus", "*");
+  if (cpus != "*") node.allocation.cpus = topology::CpuSet::parse_list(cpus);
+  return node;
+}
+
+int env_int(const char* name, int fallback) {
+  const char* v = std::getenv(name);
+  return v && *v ? std::atoi(v) : fallback;
+}
+
+std::string env_string(const char* name) {
+  const char* v = std::getenv(name);
+  return v ? v : "";
+}
+
+// The address other nodes reach this one at: $TOPOLAUNCH_STORE_HOST, else the hostname's first
+// IPv4 address, else loopback.
+std::string advertised_host() {
+  if (std::string host = env_string("TOPOLAUNCH_STORE_HOST"); !host.empty()) return host;
+  char name[256] = {};
+  ::gethostname(name, sizeof(name) - 1);
+  addrinfo hints{};
+  hints.ai_family = AF_INET;
+  addrinfo* found = nullptr;
+  std::string out = "127.0.0.1";
+  if (::getaddrinfo(name, nullptr, &hints, &found) == 0 && found) {
+    char text[INET_ADDRSTRLEN] = {};
+    auto* in = reinterpret_cast<sockaddr_in*>(found->ai_addr);
+    if (::inet_ntop(AF_INET, &in->sin_addr, text, sizeof(text))) out = text;
+    ::freeaddrinfo(found);
+  }
+  return out;
+}
+
+int exit_code_of(const std::string& outcome, int stop_signal) {
+  if (outcome == "succeeded") return 0;
+  if (outcome == "requeue") return 3;
+  if (outcome == "stopped") return 128 + (stop_signal ? stop_signal : SIGTERM);
+  return 1;
+}
+
+// Starts srun with the handled signals unblocked, in its own process group, output inherited.
+pid_t spawn_srun(const std::vector<std::string>& argv, const Environment& env) {
+  std::vector<std::string> env_strings;
+  for (const auto& [k, v] : env) env_strings.push_back(k + "=" + v);
+  std::vector<char*> envp, args;
+  for (auto& e : env_strings) envp.push_back(e.data());
+  envp.push_back(nullptr);
+  std::vector<std::string> argv_copy = argv;
+  for (auto& a : argv_copy) args.push_back(a.data());
+  args.push_back(nullptr);
+  pid_t pid = ::fork();
+  if (pid == 0) {
+    ::setpgid(0, 0);
+    ::prctl(PR_SET_PDEATHSIG, SIGTERM);
+    sigset_t none;
+    sigemptyset(&none);
+    ::sigprocmask(SIG_SETMASK, &none, nullptr);
+    ::execvpe(args[0], args.data(), envp.data());
+    ::_exit(127);
+  }
+  return pid;
+}
+
+// `run` inside a multi-node allocation: stores here, one agent per node through srun.
+int run_slurm(Job& job, int nodes, int signal_fd) {
+  JobReport report;
+  report.job_name = job.config.job.name;
+  report.run_id = job.run_id;
+  report.job_dir = job.job_dir.string();
+  report.max_restarts = job.config.job.restarts;
+  const std::string host = advertised_host();
+  int exit_code = 1;
+  for (int attempt = 0;; ++attempt) {
+    const auto attempt_start = Clock::now();
+    wireup::TcpStoreServerOptions agents_options;
+    agents_options.bind_host = "0.0.0.0";
+    agents_options.secret = job.secret;
+    agents_options.world_size = nodes;
+    auto agents_store = wireup::TcpStoreServer::start(agents_options);
+    wireup::TcpStoreServerOptions workers_options = agents_options;
+    workers_options.port = static_cast<std::uint16_t>(job.config.wireup.port);
+    workers_options.world_size = 0;  // the workers' WORLD_SIZE, from the first to connect
+    auto workers_store = wireup::TcpStoreServer::start(workers_options);
+    if (!agents_store || !workers_store) {
+      std::fprintf(stderr, "topolaunch: wireup.port: cannot start the TCP store: %s\n",
+                   (!agents_store ? agents_store.error() : workers_store.error()).message.c_str());
+      return attempt == 0 ? 2 : 1;
+    }
+    Environment env = job.inherited;
+    env["TOPOLAUNCH_AGENT_STORE"] = fmt::format("{}:{}", host, (*agents_store)->port());
+    env["TOPOLAUNCH_WORKER_STORE"] = fmt::format("{}:{}", host, (*workers_store)->port());
+    env["TOPOLAUNCH_STORE_SECRET"] = job.secret;
+    env["TOPOLAUNCH_MASTER_PORT"] = std::to_string(free_port());
+    std::vector<std::string> argv{"srun",
+                                  "--ntasks-per-node=1",
+                                  "--kill-on-bad-exit=1",
+                                  fmt::format("--nodes={}", nodes),
+                                  fmt::format("--ntasks={}", nodes),
+                                  fs::read_symlink("/proc/self/exe").string(),
+                                  "agent",
+                                  fs::absolute(job.config.path).string(),
+                                  "--job-dir",
+                                  job.job_dir.string(),
+                                  "--run-id",
+                                  job.run_id,
+                                  "--attempt",
+                                  std::to_string(attempt)};
+    if (!job.options.topology_path.empty()) {
+      argv.insert(argv.end(), {"--topology", job.options.topology_path});
+    }
+    if (job.options.quiet) argv.push_back("-q");
+    argv.push_back("--");
+    argv.push_back(job.program);
+    argv.insert(argv.end(), job.argv.begin() + 1, job.argv.end());
+    pid_t srun = spawn_srun(argv, env);
+    int status = 0, stop_signal = 0;
+    std::string requested;  // "", "requeue", "stopped"
+    while (true) {
+      pollfd pfd{signal_fd, POLLIN, 0};
+      ::poll(&pfd, 1, 200);
+      signalfd_siginfo info;
+      while (::read(signal_fd, &info, sizeof(info)) == sizeof(info)) {
+        int sig = static_cast<int>(info.ssi_signo);
+        if (sig == SIGCHLD) continue;
+        if (sig == SIGUSR1) {
+          ::kill(srun, SIGUSR1);  // srun relays it to every agent, which relay it to workers
+          if (requested.empty()) requested = "requeue";
+        } else {
+          ::kill(srun, SIGTERM);
+          requested = "stopped";
+          stop_signal = sig;
+        }
+      }
+      if (::waitpid(srun, &status, WNOHANG) == srun) break;
+    }
+    AttemptReport merged;
+    merged.attempt = attempt;
+    merged.started_s = seconds_between(job.job_start, attempt_start);
+    merged.wall_s = seconds_between(attempt_start, Clock::now());
+    std::optional<RootCause> cause;
+    for (int node = 0; node < nodes; ++node) {
+      std::ifstream in(job.job_dir / fmt::format("attempt-{}", attempt) /
+                       fmt::format("node-{}.json", node));
+      std::stringstream text;
+      text << in.rdbuf();
+      auto fragment = report_from_json(text.str());
+      if (!fragment || fragment->attempts.empty()) continue;
+      const AttemptReport& a = fragment->attempts.front();
+      merged.all_started_s = std::max(merged.all_started_s, a.all_started_s);
+      merged.ranks.insert(merged.ranks.end(), a.ranks.begin(), a.ranks.end());
+      if (fragment->root_cause && a.outcome == "failed" && !cause) cause = fragment->root_cause;
+    }
+    std::sort(merged.ranks.begin(), merged.ranks.end(),
+              [](const RankOutcome& a, const RankOutcome& b) { return a.rank < b.rank; });
+    const bool srun_ok = WIFEXITED(status) && WEXITSTATUS(status) == 0;
+    merged.outcome = !requested.empty() ? requested : srun_ok ? "succeeded" : "failed";
+    if (merged.outcome == "failed" && !cause) {
+      cause =
+          RootCause{attempt, -1, "",
+                    fmt::format("srun {} before any agent reported a failure",
+                                describe_wait_status(WIFEXITED(status) ? WEXITSTATUS(status) : -1,
+                                                     WIFSIGNALED(status) ? WTERMSIG(status) : 0))};
+    }
+    if (cause && !report.root_cause) report.root_cause = cause;
+    report.attempts.push_back(merged);
+    report.restarts_used = attempt;
+    if (merged.outcome == "failed" && attempt < job.config.job.restarts) {
+      std::fprintf(stderr, "topolaunch: attempt %d failed (%s); restarting (%d of %d)\n", attempt,
+                   cause ? cause->what.c_str() : "?", attempt + 1, job.config.job.restarts);
+      continue;
+    }
+    report.status = merged.outcome;
+    exit_code = exit_code_of(merged.outcome, stop_signal);
+    break;
+  }
+  report.exit_code = exit_code;
+  report.wall_s = seconds_between(job.job_start, Clock::now());
+  (void)write_file(job.job_dir / "report.json", to_json(report));
+  if (job.options.print_json) {
+    std::fputs(to_json(report).c_str(), stdout);
+  } else if (!job.options.quiet || exit_code != 0) {
+    std::fputs(summarize(report).c_str(), stderr);
+  }
+  return exit_code;
+}
+
 }  // namespace
 
 int run_job(const RunOptions& options) {
   SignalScope signals;
   // Orphaned grandchildren of workers come to us, so they can be reaped and never linger.
   ::prctl(PR_SET_CHILD_SUBREAPER, 1);
+  const int allocation_nodes = env_int("SLURM_JOB_NUM_NODES", env_int("SLURM_NNODES", 1));
+  if (!options.local && std::getenv("SLURM_JOB_ID") != nullptr && allocation_nodes > 1) {
+    auto job = prepare_job(options, "");
+    if (!job) {
+      std::fprintf(stderr, "topolaunch: %s\n", job.error().message.c_str());
+      return job.error().exit_code;
+    }
+    int nodes = job->config.job.nodes > 0 ? job->config.job.nodes : allocation_nodes;
+    if (nodes > allocation_nodes) {
+      std::fprintf(stderr, "topolaunch: job.nodes: %d nodes asked, the allocation has %d\n", nodes,
+                   allocation_nodes);
+      return 2;
+    }
+    return run_slurm(*job, nodes, signals.fd());
+  }
   auto prepared = prepare(options);
   if (!prepared) {
     std::fprintf(stderr, "topolaunch: %s\n", prepared.error().message.c_str());
@@ -673,6 +955,76 @@ int run_job(const RunOptions& options) {
     std::fputs(summarize(report).c_str(), stderr);
   }
   return exit_code;
+}
+
+}  // namespace topolaunch::launcher
+
+namespace topolaunch::launcher {
+
+int run_agent(const AgentOptions& options) {
+  SignalScope signals;
+  ::prctl(PR_SET_CHILD_SUBREAPER, 1);
+  auto prepared = prepare_job(options.run, options.run_id);
+  if (!prepared) {
+    std::fprintf(stderr, "topolaunch agent: %s\n", prepared.error().message.c_str());
+    return prepared.error().exit_code;
+  }
+  Job& job = *prepared;
+  const int node_id = env_int("SLURM_NODEID", 0);
+  const int nodes = env_int("SLURM_STEP_NUM_NODES", env_int("SLURM_NNODES", 1));
+  job.secret = env_string("TOPOLAUNCH_STORE_SECRET");
+  job.external_store_address = env_string("TOPOLAUNCH_WORKER_STORE");
+  job.master_addr = job.external_store_address.substr(0, job.external_store_address.rfind(':'));
+  job.master_port = env_int("TOPOLAUNCH_MASTER_PORT", 0);
+  auto fail = [&](const std::string& message) {
+    std::fprintf(stderr, "topolaunch agent %s: %s\n", job.node_name.c_str(), message.c_str());
+    return 2;
+  };
+  if (job.secret.empty() || job.external_store_address.empty()) {
+    return fail(
+        "started without TOPOLAUNCH_STORE_SECRET/TOPOLAUNCH_WORKER_STORE (use topolaunch run)");
+  }
+  auto node = local_node_input(options.run, job.config, job.node_name);
+  if (!node) return fail(node.error().message);
+  wireup::TcpStoreClientOptions client_options;
+  client_options.address = env_string("TOPOLAUNCH_AGENT_STORE");
+  client_options.secret = job.secret;
+  client_options.rank = node_id;
+  client_options.world_size = nodes;
+  auto store = wireup::TcpStoreClient::connect(client_options);
+  if (!store) return fail(store.error().message);
+  const auto timeout = job.config.wireup.timeout;
+  if (auto s = (*store)->put(wireup::rank_key("node", node_id), node_input_to_json(*node)); !s) {
+    return fail(s.error().message);
+  }
+  if (auto s = (*store)->fence(timeout); !s) return fail(s.error().message);
+  std::vector<topology::NodeInput> inputs;
+  for (int i = 0; i < nodes; ++i) {
+    auto text = (*store)->get_string(wireup::rank_key("node", i), timeout);
+    if (!text) return fail(text.error().message);
+    auto input = node_input_from_json(*text, fmt::format("agent {}", i));
+    if (!input) return fail(input.error().message);
+    inputs.push_back(std::move(*input));
+  }
+  if (auto s = set_map(job, inputs, node_id == 0); !s) return fail(s.error().message);
+
+  AttemptRunner runner(job, options.attempt, signals.fd());
+  std::optional<RootCause> cause;
+  int stop_signal = 0;
+  auto result = runner.run(cause, stop_signal);
+  if (!result) return fail(result.error().message);
+  JobReport fragment;
+  fragment.job_name = job.config.job.name;
+  fragment.run_id = job.run_id;
+  fragment.job_dir = job.job_dir.string();
+  fragment.status = result->outcome;
+  fragment.exit_code = exit_code_of(result->outcome, stop_signal);
+  fragment.root_cause = cause;
+  fragment.attempts.push_back(*result);
+  (void)write_file(job.job_dir / fmt::format("attempt-{}", options.attempt) /
+                       fmt::format("node-{}.json", node_id),
+                   to_json(fragment));
+  return fragment.exit_code;
 }
 
 }  // namespace topolaunch::launcher

@@ -18,17 +18,23 @@ void register_run_command(CLI::App& app, int& exit_code) {
   cmd->add_option("--job-dir", options->job_dir_override, "replaces [job].job_dir");
   cmd->add_flag("-q,--quiet", options->quiet, "no worker output on the terminal (logs only)");
   cmd->add_flag("--json", options->print_json, "print the JSON report instead of the summary");
+  cmd->add_flag("--local", options->local,
+                "inside a multi-node Slurm allocation, run on this node only");
   cmd->callback([options, &exit_code] { exit_code = run_job(*options); });
 }
 
 void register_agent_command(CLI::App& app, int& exit_code) {
   auto* cmd = app.add_subcommand("agent", "(internal) one node's agent, started by `run` via srun");
   cmd->group("");
-  cmd->allow_extras();
-  cmd->callback([&exit_code] {
-    std::fprintf(stderr, "topolaunch agent: multi-node runs are not implemented yet\n");
-    exit_code = 2;
-  });
+  auto options = std::make_shared<AgentOptions>();
+  cmd->add_option("config", options->run.config_path)->required();
+  cmd->add_option("command", options->run.command_override);
+  cmd->add_option("--topology", options->run.topology_path);
+  cmd->add_option("--job-dir", options->run.job_dir_override)->required();
+  cmd->add_option("--run-id", options->run_id)->required();
+  cmd->add_option("--attempt", options->attempt)->required();
+  cmd->add_flag("-q,--quiet", options->run.quiet);
+  cmd->callback([options, &exit_code] { exit_code = run_agent(*options); });
 }
 
 }  // namespace topolaunch::launcher

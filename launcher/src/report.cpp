@@ -62,6 +62,50 @@ std::string to_json(const JobReport& r) {
   return j.dump(2) + "\n";
 }
 
+std::optional<JobReport> report_from_json(const std::string& text) {
+  auto j = nlohmann::json::parse(text, nullptr, false);
+  if (j.is_discarded() || !j.is_object()) return std::nullopt;
+  JobReport r;
+  r.job_name = j.value("job", "");
+  r.run_id = j.value("run_id", "");
+  r.job_dir = j.value("job_dir", "");
+  r.status = j.value("status", "");
+  r.exit_code = j.value("exit_code", 0);
+  r.wall_s = j.value("wall_s", 0.0);
+  r.restarts_used = j.value("restarts_used", 0);
+  r.max_restarts = j.value("max_restarts", 0);
+  if (j.contains("root_cause") && j["root_cause"].is_object()) {
+    const auto& c = j["root_cause"];
+    r.root_cause = RootCause{c.value("attempt", -1), c.value("rank", -1), c.value("node", ""),
+                             c.value("what", "")};
+  }
+  for (const auto& ja : j.value("attempts", nlohmann::json::array())) {
+    AttemptReport a;
+    a.attempt = ja.value("attempt", 0);
+    a.started_s = ja.value("started_s", 0.0);
+    a.all_started_s = ja.value("all_started_s", 0.0);
+    a.wall_s = ja.value("wall_s", 0.0);
+    a.outcome = ja.value("outcome", "");
+    for (const auto& jr : ja.value("ranks", nlohmann::json::array())) {
+      RankOutcome o;
+      o.rank = jr.value("rank", -1);
+      o.local_rank = jr.value("local_rank", -1);
+      o.node = jr.value("node", -1);
+      o.node_name = jr.value("node_name", "");
+      o.pid = jr.value("pid", -1);
+      o.exit_code = jr.value("exit_code", -1);
+      o.signal = jr.value("signal", 0);
+      o.peak_rss_bytes = jr.value("peak_rss_bytes", std::uint64_t{0});
+      o.wall_s = jr.value("wall_s", 0.0);
+      o.heartbeat = jr.value("heartbeat", "");
+      o.cause = jr.value("cause", "");
+      a.ranks.push_back(o);
+    }
+    r.attempts.push_back(std::move(a));
+  }
+  return r;
+}
+
 std::string summarize(const JobReport& r) {
   std::string out = fmt::format("topolaunch: job {} {} after {:.1f}s ({} of {} restarts used)\n",
                                 r.run_id, r.status, r.wall_s, r.restarts_used, r.max_restarts);

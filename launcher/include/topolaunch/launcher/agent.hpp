@@ -28,7 +28,23 @@ struct RunOptions {
   std::string job_dir_override;
   bool quiet = false;       // no merged worker output on the terminal (logs still written)
   bool print_json = false;  // print the JSON report instead of the human summary
+  bool local = false;       // inside a multi-node allocation, still run only on this node
 };
+
+// Inside a Slurm allocation of several nodes, `run` hosts two TCP stores (agents', workers') on
+// this node and starts one agent per node with
+//   srun --ntasks-per-node=1 --kill-on-bad-exit=1 topolaunch agent CONFIG --attempt N ...
+// passing the stores' addresses and the per-job secret in the environment
+// (TOPOLAUNCH_AGENT_STORE, TOPOLAUNCH_WORKER_STORE, TOPOLAUNCH_STORE_SECRET,
+// TOPOLAUNCH_MASTER_PORT). Agents exchange NodeTopology JSON through their store, all compute
+// the same rank map, run one attempt of their node's ranks and write
+// <job_dir>/attempt-N/node-<id>.json; `run` merges those into the report and restarts the step.
+struct AgentOptions {
+  RunOptions run;  // config, topology (may contain %n for the Slurm node name), job dir, command
+  std::string run_id;
+  int attempt = 0;
+};
+int run_agent(const AgentOptions& options);
 
 // Prints one-line errors, the merged worker output and the summary; returns the exit status.
 int run_job(const RunOptions& options);

@@ -54,6 +54,8 @@ struct JobReport {
 };
 
 std::string to_json(const JobReport& report);
+// Reads what to_json wrote (agents under Slurm write one per node; `run` merges them).
+std::optional<JobReport> report_from_json(const std::string& text);
 // A few aligned lines: status, root cause, then one row per rank of the last attempt.
 std::string summarize(const JobReport& report);
 std::string describe_wait_status(int exit_code, int signal);  // "exited 3", "killed by SIGKILL"
