@@ -221,9 +221,13 @@ class Converter {
     topo_.hostname = options_.hostname.empty() ? info(root, "HostName") : options_.hostname;
     topo_.product = info(root, "DMIProductName");
     topo_.sources.origin = origin;
-    const unsigned api = hwloc_get_api_version();
-    topo_.sources.hwloc_api_version =
-        fmt::format("{}.{}.{}", api >> 16, (api >> 8) & 0xff, api & 0xff);
+    // The hwloc release we were built with ("2.9.0", what admins know); the runtime library's
+    // API version is added only when it differs from the headers' (another hwloc at run time).
+    topo_.sources.hwloc_api_version = HWLOC_VERSION;
+    if (const unsigned api = hwloc_get_api_version(); api != HWLOC_API_VERSION) {
+      topo_.sources.hwloc_api_version +=
+          fmt::format(" (runtime api {}.{}.{})", api >> 16, (api >> 8) & 0xff, api & 0xff);
+    }
     topo_.sources.hwloc_file_version = info(root, "hwlocVersion");
     topo_.allowed_cpus = to_cpuset(hwloc_topology_get_allowed_cpuset(t_));
     read_cpu_side();

@@ -92,3 +92,26 @@ TEST_CASE("generated fixtures match their expected results", "[golden]") {
     }
   }
 }
+
+TEST_CASE("an InfiniBand function without an OpenFabrics device is a NIC without driver",
+          "[golden][nic]") {
+  std::string xml = slurp(generated("dgx-h100.pci.xml"));
+  // Drop mlx5_3's OpenFabrics OS device (driver not loaded): its PCI function stays.
+  const auto start = xml.find("<object type=\"OSDev\" gp_index=");
+  REQUIRE(start != std::string::npos);
+  const auto name = xml.find("name=\"mlx5_3\"");
+  REQUIRE(name != std::string::npos);
+  const auto open = xml.rfind("<object type=\"OSDev\"", name);
+  const auto close = xml.find("</object>", name) + std::string("</object>").size();
+  xml.erase(open, close - open);
+  auto topo = load_xml_buffer(xml, "dgx-h100 without mlx5_3 driver");
+  REQUIRE(topo.ok());
+  REQUIRE(topo->nics.size() == 12);
+  CHECK(topo->nic_by_name("mlx5_3") == nullptr);
+  const Nic& last = topo->nics.back();  // driverless NICs sort last
+  CHECK_FALSE(last.has_driver);
+  CHECK(last.name.empty());
+  CHECK(last.busid.to_string() == "0000:40:00.0");
+  CHECK(last.ports.empty());
+  CHECK(topo->nics[3].name == "mlx5_4");
+}
