@@ -31,7 +31,11 @@ struct PciAddress {
 };
 
 // PCIe link state. 0 means unknown. `speed_gbytes_per_s` is hwloc's pci_link_speed
-// (current speed x current width, GB/s).
+// (current speed x current width, GB/s). Live discovery reads gen/width and max_gen/max_width
+// exactly from sysfs and stores them on the hwloc PCIDev as infos PCIeLinkGen, PCIeLinkWidth,
+// PCIeMaxLinkGen, PCIeMaxLinkWidth; an XML carrying those infos gives them back exactly.
+// Otherwise gen/width are decoded from the speed (ambiguous values such as 31.5 GB/s = Gen4 x16
+// or Gen5 x8 read as x16) and max_gen/max_width stay 0.
 struct PcieLink {
   int gen = 0;
   int width = 0;
@@ -137,7 +141,7 @@ struct NvSwitch {
 // Where the data came from, for diagnostics (R-LOAD-4).
 struct Sources {
   std::string origin;                         // "live" or the XML/JSON path
-  std::string hwloc_api_version;              // of the library that loaded it
+  std::string hwloc_api_version;              // hwloc release we were built with ("2.9.0")
   std::string hwloc_file_version;             // hwlocVersion info of an XML, "" if none
   bool nvml = false;                          // NVML enriched this topology
   bool nvlink_known = false;                  // NVLink counts come from NVML or XML distances
