@@ -18,7 +18,16 @@ PluginState& state() {
 }
 
 void log_error(const std::string& message) { slurm_error("topolaunch: %s", message.c_str()); }
-void log_info(const std::string& message) { slurm_info("topolaunch: %s", message.c_str()); }
+void log_info(const std::string& message) {
+  // Before plugstack.conf is parsed the level is the default (info).
+  if (state().site.log_level == LogLevel::error) return;
+  slurm_info("topolaunch: %s", message.c_str());
+}
+
+void log_debug(const std::string& message) {
+  if (state().site.log_level != LogLevel::debug) return;
+  slurm_info("topolaunch: %s", message.c_str());
+}
 
 namespace {
 

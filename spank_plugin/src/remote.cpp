@@ -163,6 +163,12 @@ Status plan_this_node(spank_t sp, PluginState& s, std::uint32_t job_id, std::uin
   auto plan = plan_node(*step, *mine, others, *spec);
   if (!plan) return plan.error();
   for (const auto& note : plan->notes) log_info(fmt::format("{}: {}", step->node_name, note));
+  log_info(fmt::format("job {}.{} node {}: {} tasks mapped, topology from {}", job_id, step_id,
+                       step->node_name, plan->tasks.size(), (*mine)->sources.origin));
+  for (const auto& task : plan->tasks) {
+    log_debug(fmt::format("task {} rank {}: cpus {} numa {}", task.local_task, task.rank.rank,
+                          task.rank.cpus.to_list(), task.rank.numa));
+  }
   s.plan = std::move(*plan);
   return ok_status();
 }
@@ -209,7 +215,11 @@ int remote_task_init(spank_t sp) {
   auto& s = state();
   if (!s.active) return 0;
   if (!s.deferred_error.empty()) {
-    say("error: " + s.deferred_error);
+    // One line per node, not per task: slurmstepd already logged it once for the node.
+    int local_task = -1;
+    if (spank_get_item(sp, S_TASK_ID, &local_task) == ESPANK_SUCCESS && local_task == 0) {
+      say("error: " + s.deferred_error);
+    }
     return -1;
   }
   if (!s.plan) return 0;

@@ -53,6 +53,7 @@ int remote_task_init(spank_t sp);
 
 // slurm_error with our prefix; one line.
 void log_error(const std::string& message);
-void log_info(const std::string& message);
+void log_info(const std::string& message);   // unless log_level=error
+void log_debug(const std::string& message);  // only with log_level=debug
 
 }  // namespace topolaunch::spank
