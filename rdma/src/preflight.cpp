@@ -411,6 +411,13 @@ class Runner {
                         right_);
           if (i > c_.latency_warmup)
             us.push_back(std::chrono::duration<double, std::micro>(Clock::now() - t0).count());
+          // Retire completed writes now and then (outside the timed part): UCX over tcp stalls
+          // once a few thousand puts are left unflushed.
+          if (i % 128 == 0)
+            if (auto st = transport_->flush(right_, timeout); !st)
+              return fail("latency",
+                          fmt::format("{} -> {}: {}", me(), peer_where(right_), st.error().message),
+                          right_);
         }
         if (auto st = transport_->flush(right_, timeout); !st)
           return fail("latency",
@@ -431,6 +438,11 @@ class Runner {
             return fail("latency",
                         fmt::format("{} -> {}: {}", me(), peer_where(phase), st.error().message),
                         phase);
+          if (i % 128 == 0)
+            if (auto st = transport_->flush(phase, timeout); !st)
+              return fail("latency",
+                          fmt::format("{} -> {}: {}", me(), peer_where(phase), st.error().message),
+                          phase);
         }
         if (auto st = transport_->flush(phase, timeout); !st)
           return fail("latency",
