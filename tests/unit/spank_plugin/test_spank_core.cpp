@@ -1,14 +1,20 @@
+#include <cstdlib>
+#include <memory>
+#include <set>
 #include <string>
 #include <string_view>
 #include <vector>
 
 #include "catch.hpp"
+#include "node_plan.hpp"
 #include "site_config.hpp"
 #include "slurm_text.hpp"
 #include "task_binding.hpp"
 #include "text_checks.hpp"
+#include "topolaunch/topology/discover.hpp"
 
 using namespace topolaunch::spank;
+using topolaunch::Result;
 using topolaunch::topology::CpuSet;
 
 TEST_CASE("plugstack args: key=value parsed into the site config") {
@@ -80,4 +86,75 @@ TEST_CASE("binding: intended CPUs on a real node, a fold onto existing CPUs on a
   auto absent = choose_binding(*CpuSet::parse_list("56-69"), host, 3);
   CHECK(absent.cpus.to_list() == "1");  // local task 3 -> allowed[3 % 2]
   CHECK(absent.emulated);
+}
+
+namespace {
+
+std::shared_ptr<const topolaunch::topology::NodeTopology> fixture(const char* type) {
+  const char* dir = std::getenv("TOPOLAUNCH_FIXTURES_DIR");
+  REQUIRE(dir != nullptr);
+  auto topo =
+      topolaunch::topology::load_topology_file(std::string(dir) + "/slurm/" + type + ".pci.xml");
+  REQUIRE(topo.ok());
+  return std::make_shared<const topolaunch::topology::NodeTopology>(*topo);
+}
+
+StepInfo two_node_step(const std::string& me) {
+  StepInfo step;
+  step.job_id = 42;
+  step.step_id = 0;
+  step.node_name = me;
+  step.step_nodes = {"n1", "n2"};
+  step.tasks_per_node = {8, 8};
+  step.world_size = 16;
+  step.local_tasks = 8;
+  return step;
+}
+
+}  // namespace
+
+TEST_CASE("node plan: DGX H100 pair, this node's ranks, torchrun names and rendezvous") {
+  auto h100 = fixture("dgx-h100");
+  TopologyLoader same = [&](const std::string&) {
+    return Result<std::shared_ptr<const topolaunch::topology::NodeTopology>>(h100);
+  };
+  auto plan = plan_node(two_node_step("n2"), h100, same, {});
+  REQUIRE(plan.ok());
+  REQUIRE(plan->tasks.size() == 8);
+  std::set<std::string> gpus;
+  for (const auto& task : plan->tasks) {
+    CHECK(task.env.at("WORLD_SIZE") == "16");
+    CHECK(task.env.at("LOCAL_WORLD_SIZE") == "8");
+    CHECK(task.env.at("MASTER_ADDR") == "n1");
+    CHECK(task.env.at("MASTER_PORT") == std::to_string(master_port_for(42, 0)));
+    CHECK(std::stoi(task.env.at("RANK")) >= 8);
+    CHECK(task.env.at("TOPOLAUNCH_CPUS") == task.rank.cpus.to_list());
+    gpus.insert(task.env.at("CUDA_VISIBLE_DEVICES"));
+  }
+  CHECK(gpus.size() == 8);
+}
+
+TEST_CASE("node plan: uneven tasks per node and cores beyond the topology are refused") {
+  auto h100 = fixture("dgx-h100");
+  TopologyLoader same = [&](const std::string&) {
+    return Result<std::shared_ptr<const topolaunch::topology::NodeTopology>>(h100);
+  };
+  auto uneven = two_node_step("n1");
+  uneven.tasks_per_node = {8, 4};
+  uneven.world_size = 12;
+  auto refused = plan_node(uneven, h100, same, {});
+  REQUIRE_FALSE(refused.ok());
+  CHECK(refused.error().message.find("same number of tasks") != std::string::npos);
+
+  auto wide = two_node_step("n1");
+  wide.alloc_cores = *CpuSet::parse_list("0-200");
+  auto too_wide = plan_node(wide, h100, same, {});
+  REQUIRE_FALSE(too_wide.ok());
+  CHECK(too_wide.error().message.find("has 112 cores") != std::string::npos);
+
+  auto user_port = two_node_step("n1");
+  user_port.env["MASTER_PORT"] = "12345";
+  auto kept = plan_node(user_port, h100, same, {});
+  REQUIRE(kept.ok());
+  CHECK(kept->tasks.front().env.at("MASTER_PORT") == "12345");
 }
