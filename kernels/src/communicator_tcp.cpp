@@ -206,4 +206,18 @@ Result<std::unique_ptr<Communicator>> communicator_from_env() {
   return connect_tcp_ring(*rank, *world, host && *host ? host : "127.0.0.1", *port + 1);
 }
 
+Result<std::unique_ptr<Communicator>> communicator_for_worker() {
+  const char* forced = std::getenv("TOPOLAUNCH_KERNELS_COMM");
+  const std::string choice = forced ? forced : "";
+  if (!choice.empty() && choice != "ucx" && choice != "tcp")
+    return make_error("TOPOLAUNCH_KERNELS_COMM: \"" + choice + "\" is not one of ucx, tcp");
+  const char* w = std::getenv("TOPOLAUNCH_WORLD_SIZE");
+  if (w == nullptr) w = std::getenv("WORLD_SIZE");
+  const bool multi = w != nullptr && std::atoi(w) > 1;
+  const bool store = std::getenv("TOPOLAUNCH_STORE_ADDR") != nullptr;
+  if (multi && (choice == "ucx" || (choice.empty() && store && have_ucx_communicator())))
+    return connect_ucx_from_env();
+  return communicator_from_env();
+}
+
 }  // namespace topolaunch::kernels

@@ -37,8 +37,14 @@ struct Reader {
   void check_keys(const toml::table* t, const char* name, std::set<std::string> known) {
     if (t == nullptr) return;
     for (const auto& [k, v] : *t) {
-      if (!known.count(std::string(k.str())))
-        fail(&v, std::string(name) + "." + std::string(k.str()), "unknown key");
+      if (!known.count(std::string(k.str())) && error.empty()) {
+        const auto& src = k.source();  // the key itself, not its value
+        error = src.begin.line > 0
+                    ? path + ":" + std::to_string(src.begin.line) + ":" +
+                          std::to_string(src.begin.column) + ": " + name + "." +
+                          std::string(k.str()) + ": unknown key"
+                    : where(path, &v) + ": " + name + "." + std::string(k.str()) + ": unknown key";
+      }
     }
   }
   template <class T>

@@ -155,7 +155,7 @@ int run_worker(const WorkerOptions& o, std::ostream& out, std::ostream& err) {
 
   const TrainSpec& t = c.train;
   const std::int64_t B = t.batch, T = t.seq_len;
-  auto comm_r = communicator_from_env();
+  auto comm_r = communicator_for_worker();
   if (!comm_r) return fail(comm_r.error());
   std::unique_ptr<Communicator> comm = std::move(*comm_r);
   const int rank = comm->rank(), world = comm->world_size();

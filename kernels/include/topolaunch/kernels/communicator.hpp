@@ -39,6 +39,15 @@ Result<std::unique_ptr<Communicator>> connect_tcp_ring(int rank, int world_size,
                                                        const std::string& host, int base_port,
                                                        int timeout_ms = 30000);
 
+// UCX host collectives of the RDMA module, wired up through the launcher's KV store (the
+// environment connect_from_env of wireup reads). Only in builds with UCX.
+bool have_ucx_communicator();
+Result<std::unique_ptr<Communicator>> connect_ucx_from_env();
+
+// Chooses by TOPOLAUNCH_KERNELS_COMM=ucx|tcp, else UCX when the launcher's store is there
+// (TOPOLAUNCH_STORE_ADDR) and this build has UCX, else the TCP ring below.
+Result<std::unique_ptr<Communicator>> communicator_for_worker();
+
 // From the torchrun-style environment the launcher sets (RANK, WORLD_SIZE, MASTER_ADDR,
 // MASTER_PORT): a single-rank communicator when WORLD_SIZE is unset or 1, else the TCP ring on
 // ports MASTER_PORT+1+rank.

@@ -1,0 +1,76 @@
+// CUDA twins of the CPU reference kernels (kernels/cpu/*.hpp): same names, same operand order and
+// the same accumulate-into-gradient convention, for sm_90. Precision: activations and their
+// gradients bf16, parameters read as a bf16 copy, parameter gradients, LayerNorm statistics, losses
+// and optimizer state fp32 (fp32 master weights). Every kernel runs on the given stream and never
+// synchronises with the host, so a whole step can be captured as one CUDA Graph; per-step scalars
+// (loss scale, learning rate, step, clip) are read from device memory for the same reason.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+namespace topolaunch::kernels::cuda {
+
+using bf16 = __nv_bfloat16;
+
+// out (B,T,C) = wte[tokens[b,t]] + wpe[t]; wpe may be null.
+void encoder_forward(bf16* out, const std::int32_t* tokens, const bf16* wte, const bf16* wpe,
+                     std::int64_t B, std::int64_t T, std::int64_t C, cudaStream_t stream);
+// dwte[tokens[b,t]] += dout[b,t]; dwpe[t] += dout[b,t] (fp32 atomics: order not fixed).
+void encoder_backward(float* dwte, float* dwpe, const bf16* dout, const std::int32_t* tokens,
+                      std::int64_t B, std::int64_t T, std::int64_t C, cudaStream_t stream);
+
+// y (N,C) = layernorm(x) * w + b; mean, rstd (N) saved for the backward. eps 1e-5.
+void layernorm_forward(bf16* y, float* mean, float* rstd, const bf16* x, const bf16* w,
+                       const bf16* b, std::int64_t N, std::int64_t C, cudaStream_t stream);
+// s = a + b1; y = layernorm(s) (one pass over memory).
+void residual_layernorm_forward(bf16* s, bf16* y, float* mean, float* rstd, const bf16* a,
+                                const bf16* b1, const bf16* w, const bf16* b, std::int64_t N,
+                                std::int64_t C, cudaStream_t stream);
+// dx += ...; dw += sum_n dy*norm; db += sum_n dy.
+void layernorm_backward(bf16* dx, float* dw, float* db, const bf16* dy, const bf16* x,
+                        const bf16* w, const float* mean, const float* rstd, std::int64_t N,
+                        std::int64_t C, cudaStream_t stream);
+
+// GELU, tanh approximation. The backward accumulates: dx += dy * gelu'(x).
+void gelu_forward(bf16* y, const bf16* x, std::int64_t n, cudaStream_t stream);
+void gelu_backward(bf16* dx, const bf16* dy, const bf16* x, std::int64_t n, cudaStream_t stream);
+
+void residual_forward(bf16* y, const bf16* a, const bf16* b, std::int64_t n, cudaStream_t stream);
+void residual_backward(bf16* da, bf16* db, const bf16* dy, std::int64_t n, cudaStream_t stream);
+
+// Softmax + cross-entropy over the first V of Vp logits (online softmax, one block per row).
+void crossentropy_forward(float* losses, const bf16* logits, const std::int32_t* targets,
+                          std::int64_t N, std::int64_t V, std::int64_t Vp, cudaStream_t stream);
+// dlogits = (softmax - onehot) * (*scale); dlogits may equal logits; padding columns get 0.
+void crossentropy_backward(bf16* dlogits, const bf16* logits, const std::int32_t* targets,
+                           const float* scale, std::int64_t N, std::int64_t V, std::int64_t Vp,
+                           cudaStream_t stream);
+// The fused classifier: losses and dlogits in one read of the logits (the probabilities are never
+// written), dlogits may equal logits. Same results as the two kernels above.
+void crossentropy_forward_backward(float* losses, bf16* dlogits, const bf16* logits,
+                                   const std::int32_t* targets, const float* scale,
+                                   std::int64_t N, std::int64_t V, std::int64_t Vp,
+                                   cudaStream_t stream);
+
+// *sum_sq += sum g^2 (fp32 atomics; zero it first). sqrt_in_place turns it into the norm.
+void sum_of_squares(float* sum_sq, const float* g, std::int64_t n, cudaStream_t stream);
+void sqrt_in_place(float* x, cudaStream_t stream);
+
+// AdamW on the fp32 master `param`; writes the bf16 working copy when param_bf16 is not null.
+// scalars: the graph's ScalarSlot layout (learning rate, betas, eps, weight decay, step, clip);
+// grad_norm: the global norm (clip scale = clip / norm when clip > 0 and norm > clip).
+void adamw_update(float* param, bf16* param_bf16, float* m, float* v, const float* grad,
+                  std::int64_t n, const float* scalars, const float* grad_norm, bool decayed,
+                  cudaStream_t stream);
+
+// fp32 -> bf16 copy (parameters' working copy after init or load).
+void to_bf16(bf16* out, const float* in, std::int64_t n, cudaStream_t stream);
+
+// dbias (OC) += sum over the N rows of dy (N,OC).
+void bias_backward(float* dbias, const bf16* dy, std::int64_t N, std::int64_t OC,
+                   cudaStream_t stream);
+
+}  // namespace topolaunch::kernels::cuda

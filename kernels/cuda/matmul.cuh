@@ -1,0 +1,58 @@
+// GEMMs of the matmul ops through cuBLASLt: bf16 inputs, fp32 accumulation, the forward bias
+// fused as an epilogue. Descriptors, layouts and the chosen algorithm are built once per shape
+// and cached (llm.c rebuilds them on every call); the workspace is allocated once, so the calls
+// can be captured in a CUDA Graph.
+#pragma once
+
+#include <cublasLt.h>
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <tuple>
+
+namespace topolaunch::kernels::cuda {
+
+class Matmul {
+ public:
+  // Creates the cuBLASLt handle and a 32 MiB workspace (Hopper kernels want it).
+  Matmul();
+  ~Matmul();
+  Matmul(const Matmul&) = delete;
+  Matmul& operator=(const Matmul&) = delete;
+
+  // Empty when construction worked, else what failed.
+  const std::string& error() const { return error_; }
+
+  // y (N,OC) = x (N,C) @ w(OC,C)^T + bias; bias may be null.
+  cublasStatus_t matmul_forward(__nv_bfloat16* y, const __nv_bfloat16* x, const __nv_bfloat16* w,
+                                const __nv_bfloat16* bias, std::int64_t N, std::int64_t C,
+                                std::int64_t OC, cudaStream_t stream);
+  // dx (bf16) += dy @ w; dw (fp32) += dy^T @ x; dbias (fp32) += column sums of dy (when not
+  // null). dx may be null (the first layer's input needs no gradient).
+  cublasStatus_t matmul_backward(__nv_bfloat16* dx, float* dw, float* dbias,
+                                 const __nv_bfloat16* dy, const __nv_bfloat16* x,
+                                 const __nv_bfloat16* w, std::int64_t N, std::int64_t C,
+                                 std::int64_t OC, cudaStream_t stream);
+
+ private:
+  struct Gemm;  // one cached descriptor set
+  // D (m,n, column-major) = alpha op(A) op(B) + beta C; C and D are the same buffer.
+  cublasStatus_t gemm(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k,
+                      const void* a, std::int64_t lda, const void* b, std::int64_t ldb, void* d,
+                      std::int64_t ldd, cudaDataType_t d_type, float beta, const void* bias,
+                      cudaStream_t stream);
+
+  using Key = std::tuple<bool, bool, std::int64_t, std::int64_t, std::int64_t, std::int64_t,
+                         std::int64_t, std::int64_t, int, bool>;
+  std::map<Key, std::unique_ptr<Gemm>> cache_;
+  cublasLtHandle_t handle_ = nullptr;
+  void* workspace_ = nullptr;
+  std::size_t workspace_bytes_ = std::size_t{32} << 20;
+  std::string error_;
+};
+
+}  // namespace topolaunch::kernels::cuda
