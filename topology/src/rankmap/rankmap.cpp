@@ -75,7 +75,7 @@ void fill_env(RankAssignment& rank, const RankMap& map, const ResolvedNode& node
   env["GROUP_WORLD_SIZE"] = std::to_string(map.nodes.size());
   env["OMP_NUM_THREADS"] = std::to_string(std::max(1, rank.cores));
   env["TOPOLAUNCH_CPUS"] = rank.cpus.to_list();
-  if (rank.numa >= 0) {
+  if (rank.numa >= 0 && spec.bind_memory) {  // bind_memory = false: report the node, bind nothing
     env["TOPOLAUNCH_NUMA"] = std::to_string(rank.numa);
   }
   env["TOPOLAUNCH_TP_RANK"] = std::to_string(rank.tp);
@@ -346,7 +346,7 @@ Result<RankMap> compute_rank_map(const std::vector<NodeInput>& inputs, const Map
             map.tensor, map.tensor, domain_word, node.name, largest, node.local_ranks, suggest,
             suggest,
             spec.ranks_per_gpu == 1 && spec.gpus_per_rank == 1
-                ? fmt::format(", or ranks_per_gpu={} to put {} ranks on each GPU",
+                ? fmt::format(", or ranks_per_gpu={} so that {} ranks share the domain's GPUs",
                               (map.tensor + largest - 1) / std::max(1, largest), map.tensor)
                 : std::string()));
       }

@@ -119,6 +119,7 @@ Status expand_one(std::string_view name, std::vector<std::string>& out) {
 struct Record {
   int line = 0;
   std::vector<std::pair<std::string, std::string>> fields;  // key lower-cased
+  std::vector<std::string> keys_as_written;                 // for messages
 };
 
 // key=value tokens separated by blanks; '#' starts a comment. Continuation lines ("\") joined.
@@ -169,6 +170,7 @@ Result<std::vector<Record>> read_records(std::string_view text, const std::strin
             fmt::format("{}:{}: {}: empty value", origin, pending_line, token.substr(0, eq)));
       }
       record.fields.emplace_back(lower(token.substr(0, eq)), value);
+      record.keys_as_written.push_back(token.substr(0, eq));
     }
     pending.clear();
     if (!record.fields.empty()) {
@@ -191,7 +193,8 @@ Result<SwitchTree> build_tree(std::string_view text, const std::string& origin, 
     SwitchTree::Switch sw;
     sw.source_line = record.line;
     bool has_name = false;
-    for (const auto& [key, value] : record.fields) {
+    for (std::size_t f = 0; f < record.fields.size(); ++f) {
+      const auto& [key, value] = record.fields[f];
       if (key == "switchname") {
         if (has_name) {
           return make_error(
@@ -217,7 +220,7 @@ Result<SwitchTree> build_tree(std::string_view text, const std::string& origin, 
       } else {
         return make_error(fmt::format(
             "{}:{}: {}: unknown key (topology.conf knows SwitchName, Switches, Nodes, LinkSpeed)",
-            origin, record.line, record.fields.empty() ? key : key));
+            origin, record.line, record.keys_as_written[f]));
       }
     }
     if (!has_name) {

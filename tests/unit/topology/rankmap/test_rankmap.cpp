@@ -467,7 +467,7 @@ TEST_CASE("switch tree: hostlists, topology.conf errors with file:line, node ord
     auto unknown = parse_topology_conf("SwitchName=s0 Nodes=n[1-2]\n# c\nSwitchName=s1 Nodez=n3\n",
                                        "topology.conf");
     REQUIRE(!unknown.ok());
-    CHECK_THAT(unknown.error().message, Catch::StartsWith("topology.conf:3: nodez: unknown key"));
+    CHECK_THAT(unknown.error().message, Catch::StartsWith("topology.conf:3: Nodez: unknown key"));
     auto child =
         parse_topology_conf("SwitchName=top Switches=s[0-1]\nSwitchName=s0 Nodes=n1\n", "t.conf");
     REQUIRE(!child.ok());
