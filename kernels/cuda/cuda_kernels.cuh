@@ -51,9 +51,8 @@ void crossentropy_backward(bf16* dlogits, const bf16* logits, const std::int32_t
 // The fused classifier: losses and dlogits in one read of the logits (the probabilities are never
 // written), dlogits may equal logits. Same results as the two kernels above.
 void crossentropy_forward_backward(float* losses, bf16* dlogits, const bf16* logits,
-                                   const std::int32_t* targets, const float* scale,
-                                   std::int64_t N, std::int64_t V, std::int64_t Vp,
-                                   cudaStream_t stream);
+                                   const std::int32_t* targets, const float* scale, std::int64_t N,
+                                   std::int64_t V, std::int64_t Vp, cudaStream_t stream);
 
 // *sum_sq += sum g^2 (fp32 atomics; zero it first). sqrt_in_place turns it into the norm.
 void sum_of_squares(float* sum_sq, const float* g, std::int64_t n, cudaStream_t stream);

@@ -48,8 +48,8 @@ __global__ void encoder_forward_kernel(bf16* out, const std::int32_t* tokens, co
 }
 
 __global__ void encoder_backward_kernel(float* dwte, float* dwpe, const bf16* dout,
-                                        const std::int32_t* tokens, std::int64_t BT,
-                                        std::int64_t T, std::int64_t C) {
+                                        const std::int32_t* tokens, std::int64_t BT, std::int64_t T,
+                                        std::int64_t C) {
   const std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x;
   if (i >= BT * C) return;
   const std::int64_t row = i / C, c = i % C, t = row % T;
@@ -68,8 +68,8 @@ __global__ void layernorm_forward_kernel(bf16* s, bf16* y, float* mean, float* r
                                          const bf16* b1, const bf16* w, const bf16* b,
                                          std::int64_t N, int C) {
   const int lane = threadIdx.x % kWarp;
-  const std::int64_t row = blockIdx.x * static_cast<std::int64_t>(blockDim.x / kWarp) +
-                           threadIdx.x / kWarp;
+  const std::int64_t row =
+      blockIdx.x * static_cast<std::int64_t>(blockDim.x / kWarp) + threadIdx.x / kWarp;
   if (row >= N) return;
   const bf16* ar = a + row * C;
   const bf16* br = kResidual ? b1 + row * C : nullptr;
@@ -205,8 +205,7 @@ __global__ void residual_backward_kernel(bf16* da, bf16* db, const bf16* dy, std
 constexpr int kClassifierThreads = 1024;
 
 // Block-wide online softmax statistics of one row: max and sum of exp(v - max).
-__device__ void row_softmax_stats(const bf16* row, std::int64_t V, float& max_out,
-                                  float& sum_out) {
+__device__ void row_softmax_stats(const bf16* row, std::int64_t V, float& max_out, float& sum_out) {
   __shared__ float smax[kClassifierThreads / kWarp], ssum[kClassifierThreads / kWarp];
   float m = -INFINITY, s = 0;
   for (std::int64_t i = threadIdx.x; i < V; i += blockDim.x) {
@@ -256,7 +255,8 @@ __global__ void crossentropy_kernel(float* losses, bf16* dlogits, const bf16* lo
     bf16* drow = dlogits + n * Vp;
     for (std::int64_t i = threadIdx.x; i < Vp; i += blockDim.x) {
       float g = 0;
-      if (i < V) g = (__expf(__bfloat162float(row[i]) - m) * inv - (i == target ? 1.0f : 0.0f)) * sc;
+      if (i < V)
+        g = (__expf(__bfloat162float(row[i]) - m) * inv - (i == target ? 1.0f : 0.0f)) * sc;
       drow[i] = __float2bfloat16(g);
     }
   }
@@ -309,7 +309,8 @@ __global__ void bias_backward_kernel(float* dbias, const bf16* dy, std::int64_t 
   const std::int64_t r1 = r0 + rows_per_block < N ? r0 + rows_per_block : N;
   float acc = 0;
   if (col < OC)
-    for (std::int64_t r = r0 + threadIdx.y; r < r1; r += 8) acc += __bfloat162float(dy[r * OC + col]);
+    for (std::int64_t r = r0 + threadIdx.y; r < r1; r += 8)
+      acc += __bfloat162float(dy[r * OC + col]);
   part[threadIdx.y][threadIdx.x] = acc;
   __syncthreads();
   if (threadIdx.y == 0 && col < OC) {
@@ -340,8 +341,8 @@ void layernorm_forward(bf16* y, float* mean, float* rstd, const bf16* x, const b
 void residual_layernorm_forward(bf16* s, bf16* y, float* mean, float* rstd, const bf16* a,
                                 const bf16* b1, const bf16* w, const bf16* b, std::int64_t N,
                                 std::int64_t C, cudaStream_t stream) {
-  layernorm_forward_kernel<true><<<blocks_for(N, 8), 256, 0, stream>>>(
-      s, y, mean, rstd, a, b1, w, b, N, static_cast<int>(C));
+  layernorm_forward_kernel<true>
+      <<<blocks_for(N, 8), 256, 0, stream>>>(s, y, mean, rstd, a, b1, w, b, N, static_cast<int>(C));
 }
 void layernorm_backward(bf16* dx, float* dw, float* db, const bf16* dy, const bf16* x,
                         const bf16* w, const float* mean, const float* rstd, std::int64_t N,
@@ -375,8 +376,9 @@ void gelu_backward(bf16* dx, const bf16* dy, const bf16* x, std::int64_t n, cuda
       Pack8 acc = reinterpret_cast<Pack8*>(dx)[i];
 #pragma unroll
       for (int k = 0; k < 8; ++k)
-        acc.v[k] = __float2bfloat16(__bfloat162float(acc.v[k]) +
-                                    __bfloat162float(di.v[k]) * gelu_grad(__bfloat162float(xi.v[k])));
+        acc.v[k] =
+            __float2bfloat16(__bfloat162float(acc.v[k]) +
+                             __bfloat162float(di.v[k]) * gelu_grad(__bfloat162float(xi.v[k])));
       reinterpret_cast<Pack8*>(dx)[i] = acc;
     };
     elementwise8_kernel<<<blocks_for(n / 8, 256), 256, 0, stream>>>(n / 8, fn);
@@ -416,9 +418,8 @@ void crossentropy_backward(bf16* dlogits, const bf16* logits, const std::int32_t
       nullptr, dlogits, logits, targets, scale, V, Vp);
 }
 void crossentropy_forward_backward(float* losses, bf16* dlogits, const bf16* logits,
-                                   const std::int32_t* targets, const float* scale,
-                                   std::int64_t N, std::int64_t V, std::int64_t Vp,
-                                   cudaStream_t stream) {
+                                   const std::int32_t* targets, const float* scale, std::int64_t N,
+                                   std::int64_t V, std::int64_t Vp, cudaStream_t stream) {
   crossentropy_kernel<true, true><<<static_cast<unsigned>(N), kClassifierThreads, 0, stream>>>(
       losses, dlogits, logits, targets, scale, V, Vp);
 }

@@ -34,9 +34,9 @@ Matmul::~Matmul() {
   if (handle_ != nullptr) cublasLtDestroy(handle_);
 }
 
-#define TL_LT_CHECK(call)                                \
-  do {                                                   \
-    const cublasStatus_t status_ = (call);               \
+#define TL_LT_CHECK(call)                                 \
+  do {                                                    \
+    const cublasStatus_t status_ = (call);                \
     if (status_ != CUBLAS_STATUS_SUCCESS) return status_; \
   } while (0)
 
@@ -45,7 +45,7 @@ cublasStatus_t Matmul::gemm(bool trans_a, bool trans_b, std::int64_t m, std::int
                             std::int64_t ldb, void* d, std::int64_t ldd, cudaDataType_t d_type,
                             float beta, const void* bias, cudaStream_t stream) {
   if (handle_ == nullptr || workspace_ == nullptr) return CUBLAS_STATUS_NOT_INITIALIZED;
-  const Key key{trans_a, trans_b, m, n, k, lda, ldb, ldd, static_cast<int>(d_type),
+  const Key key{trans_a,        trans_b, m, n, k, lda, ldb, ldd, static_cast<int>(d_type),
                 bias != nullptr};
   auto it = cache_.find(key);
   if (it == cache_.end()) {
@@ -53,8 +53,10 @@ cublasStatus_t Matmul::gemm(bool trans_a, bool trans_b, std::int64_t m, std::int
     TL_LT_CHECK(cublasLtMatmulDescCreate(&g->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
     const cublasOperation_t ta = trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
     const cublasOperation_t tb = trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
-    TL_LT_CHECK(cublasLtMatmulDescSetAttribute(g->desc, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta));
-    TL_LT_CHECK(cublasLtMatmulDescSetAttribute(g->desc, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb));
+    TL_LT_CHECK(
+        cublasLtMatmulDescSetAttribute(g->desc, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta));
+    TL_LT_CHECK(
+        cublasLtMatmulDescSetAttribute(g->desc, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb));
     if (bias != nullptr) {
       const cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_BIAS;
       TL_LT_CHECK(cublasLtMatmulDescSetAttribute(g->desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue,
@@ -64,10 +66,10 @@ cublasStatus_t Matmul::gemm(bool trans_a, bool trans_b, std::int64_t m, std::int
                                                  &bias_type, sizeof bias_type));
     }
     // column-major layouts of the stored matrices (before op())
-    TL_LT_CHECK(cublasLtMatrixLayoutCreate(&g->a, CUDA_R_16BF, trans_a ? k : m, trans_a ? m : k,
-                                           lda));
-    TL_LT_CHECK(cublasLtMatrixLayoutCreate(&g->b, CUDA_R_16BF, trans_b ? n : k, trans_b ? k : n,
-                                           ldb));
+    TL_LT_CHECK(
+        cublasLtMatrixLayoutCreate(&g->a, CUDA_R_16BF, trans_a ? k : m, trans_a ? m : k, lda));
+    TL_LT_CHECK(
+        cublasLtMatrixLayoutCreate(&g->b, CUDA_R_16BF, trans_b ? n : k, trans_b ? k : n, ldb));
     TL_LT_CHECK(cublasLtMatrixLayoutCreate(&g->d, d_type, m, n, ldd));
     cublasLtMatmulPreference_t pref = nullptr;
     TL_LT_CHECK(cublasLtMatmulPreferenceCreate(&pref));
@@ -108,8 +110,8 @@ cublasStatus_t Matmul::matmul_backward(__nv_bfloat16* dx, float* dw, float* dbia
                                        std::int64_t OC, cudaStream_t stream) {
   // dX' (C,N) += W' (C,OC) dY' (OC,N)
   if (dx != nullptr)
-    TL_LT_CHECK(gemm(false, false, C, N, OC, w, C, dy, OC, dx, C, CUDA_R_16BF, 1.0f, nullptr,
-                     stream));
+    TL_LT_CHECK(
+        gemm(false, false, C, N, OC, w, C, dy, OC, dx, C, CUDA_R_16BF, 1.0f, nullptr, stream));
   // dW' (C,OC) += X' (C,N) dY'^T (N,OC)
   TL_LT_CHECK(gemm(false, true, C, OC, N, x, C, dy, OC, dw, C, CUDA_R_32F, 1.0f, nullptr, stream));
   if (dbias != nullptr) bias_backward(dbias, dy, N, OC, stream);

@@ -1,0 +1,243 @@
+// Times the CUDA kernels on GPT-2 124M shapes (C=768, NH=12, Vp=50304) at B x T tokens:
+//  "layer_no_attention": one transformer block's forward + backward WITHOUT the attention core
+//    (ln1, qkv GEMM, attention projection, fused residual+ln2, fc GEMM, GELU, fc projection,
+//    residual; and their backward). Attention's output and its qkv gradient are inputs: our
+//    attention kernel does not exist yet, so this is a partial layer, and the PyTorch twin
+//    (gpu_layer_torch.py) times exactly the same partial layer.
+//  "classifier": lm-head GEMM (tied wte), fused softmax + cross-entropy forward/backward in place,
+//    and the two backward GEMMs.
+// Each is timed launched op by op and replayed as one CUDA Graph (CUDA events, median of reps).
+// Prints one JSON object on stdout. Usage: gpu_layer_bench [B] [T]
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <functional>
+#include <random>
+#include <vector>
+
+#include "cuda_kernels.cuh"
+#include "matmul.cuh"
+
+namespace gpu = topolaunch::kernels::cuda;
+using bf16 = __nv_bfloat16;
+
+namespace {
+
+void check(cudaError_t e, const char* what) {
+  if (e != cudaSuccess) {
+    std::fprintf(stderr, "gpu_layer_bench: %s: %s\n", what, cudaGetErrorString(e));
+    std::exit(1);
+  }
+}
+void check(cublasStatus_t s, const char* what) {
+  if (s != CUBLAS_STATUS_SUCCESS) {
+    std::fprintf(stderr, "gpu_layer_bench: %s: cublasLt status %d\n", what, static_cast<int>(s));
+    std::exit(1);
+  }
+}
+
+// One arena for everything, carved in 256-byte aligned pieces (as the plan does).
+struct Arena {
+  char* base = nullptr;
+  std::size_t used = 0, capacity = 0;
+  explicit Arena(std::size_t bytes) : capacity(bytes) { check(cudaMalloc(&base, bytes), "arena"); }
+  ~Arena() { cudaFree(base); }
+  template <class T>
+  T* take(std::size_t count) {
+    const std::size_t off = (used + 255) & ~std::size_t{255};
+    if (off + count * sizeof(T) > capacity) {
+      std::fprintf(stderr, "gpu_layer_bench: arena too small\n");
+      std::exit(1);
+    }
+    used = off + count * sizeof(T);
+    return reinterpret_cast<T*>(base + off);
+  }
+};
+
+__global__ void fill_kernel(bf16* p, std::int64_t n, std::uint32_t seed, float scale) {
+  const std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x;
+  if (i >= n) return;
+  std::uint32_t h = static_cast<std::uint32_t>(i) * 2654435761u ^ seed;
+  h ^= h >> 15;
+  h *= 2246822519u;
+  h ^= h >> 13;
+  p[i] = __float2bfloat16((static_cast<float>(h & 0xffffff) / 16777216.0f - 0.5f) * 2 * scale);
+}
+void fill(bf16* p, std::int64_t n, std::uint32_t seed, float scale) {
+  fill_kernel<<<static_cast<unsigned>((n + 255) / 256), 256>>>(p, n, seed, scale);
+}
+
+struct Timing {
+  double median_ms, min_ms;
+};
+Timing time_it(cudaStream_t stream, int reps, const std::function<void()>& launch) {
+  cudaEvent_t a, b;
+  check(cudaEventCreate(&a), "event");
+  check(cudaEventCreate(&b), "event");
+  std::vector<double> ms;
+  for (int r = 0; r < reps; ++r) {
+    check(cudaEventRecord(a, stream), "record");
+    launch();
+    check(cudaEventRecord(b, stream), "record");
+    check(cudaEventSynchronize(b), "sync");
+    float t = 0;
+    check(cudaEventElapsedTime(&t, a, b), "elapsed");
+    ms.push_back(t);
+  }
+  cudaEventDestroy(a);
+  cudaEventDestroy(b);
+  std::sort(ms.begin(), ms.end());
+  return {ms[ms.size() / 2], ms.front()};
+}
+
+// Times `step` eagerly and as a captured graph; prints a JSON member.
+void bench(const char* name, cudaStream_t stream, const std::function<void()>& step, int reps,
+           bool last) {
+  for (int i = 0; i < 3; ++i) step();  // warm-up (cuBLASLt heuristics run on first use)
+  check(cudaStreamSynchronize(stream), "warm-up");
+  const Timing eager = time_it(stream, reps, step);
+  cudaGraph_t graph;
+  cudaGraphExec_t exec;
+  check(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal), "capture");
+  step();
+  check(cudaStreamEndCapture(stream, &graph), "end capture");
+  check(cudaGraphInstantiate(&exec, graph, 0), "instantiate");
+  check(cudaGraphLaunch(exec, stream), "graph warm-up");
+  check(cudaStreamSynchronize(stream), "graph warm-up");
+  const Timing replay =
+      time_it(stream, reps, [&] { check(cudaGraphLaunch(exec, stream), "launch"); });
+  check(cudaGetLastError(), name);
+  std::printf(
+      "  \"%s\": {\"eager_median_ms\": %.4f, \"eager_min_ms\": %.4f, "
+      "\"graph_median_ms\": %.4f, \"graph_min_ms\": %.4f}%s\n",
+      name, eager.median_ms, eager.min_ms, replay.median_ms, replay.min_ms, last ? "" : ",");
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const std::int64_t B = argc > 1 ? std::atoll(argv[1]) : 16,
+                     T = argc > 2 ? std::atoll(argv[2]) : 1024;
+  const std::int64_t C = 768, N = B * T, V = 50257, Vp = 50304;
+  cudaStream_t stream;
+  check(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "stream");
+  gpu::Matmul mm;
+  if (!mm.error().empty()) {
+    std::fprintf(stderr, "gpu_layer_bench: %s\n", mm.error().c_str());
+    return 1;
+  }
+  std::size_t free0 = 0, total = 0;
+  check(cudaMemGetInfo(&free0, &total), "meminfo");
+  Arena arena(std::size_t{8} << 30);
+
+  // parameters (bf16 working copies) and their fp32 gradients
+  bf16 *ln1w = arena.take<bf16>(C), *ln1b = arena.take<bf16>(C), *ln2w = arena.take<bf16>(C),
+       *ln2b = arena.take<bf16>(C);
+  bf16 *wqkv = arena.take<bf16>(3 * C * C), *bqkv = arena.take<bf16>(3 * C),
+       *wproj = arena.take<bf16>(C * C), *bproj = arena.take<bf16>(C),
+       *wfc = arena.take<bf16>(4 * C * C), *bfc = arena.take<bf16>(4 * C),
+       *wfcp = arena.take<bf16>(4 * C * C), *bfcp = arena.take<bf16>(C);
+  float* grads = arena.take<float>(12 * C * C + 13 * C);
+  float *g_ln1w = grads, *g_ln1b = g_ln1w + C, *g_ln2w = g_ln1b + C, *g_ln2b = g_ln2w + C,
+        *g_wqkv = g_ln2b + C, *g_bqkv = g_wqkv + 3 * C * C, *g_wproj = g_bqkv + 3 * C,
+        *g_bproj = g_wproj + C * C, *g_wfc = g_bproj + C, *g_bfc = g_wfc + 4 * C * C,
+        *g_wfcp = g_bfc + 4 * C, *g_bfcp = g_wfcp + 4 * C * C;
+  // activations
+  bf16 *x = arena.take<bf16>(N * C), *ln1 = arena.take<bf16>(N * C),
+       *qkv = arena.take<bf16>(N * 3 * C), *yatt = arena.take<bf16>(N * C),
+       *att = arena.take<bf16>(N * C), *s = arena.take<bf16>(N * C), *ln2 = arena.take<bf16>(N * C),
+       *h = arena.take<bf16>(N * 4 * C), *g = arena.take<bf16>(N * 4 * C),
+       *o = arena.take<bf16>(N * C), *out = arena.take<bf16>(N * C);
+  float *mean1 = arena.take<float>(N), *rstd1 = arena.take<float>(N), *mean2 = arena.take<float>(N),
+        *rstd2 = arena.take<float>(N);
+  // activation gradients
+  bf16 *dout = arena.take<bf16>(N * C), *dqkv = arena.take<bf16>(N * 3 * C),
+       *dg = arena.take<bf16>(N * 4 * C), *dh = arena.take<bf16>(N * 4 * C),
+       *dln2 = arena.take<bf16>(N * C), *ds = arena.take<bf16>(N * C),
+       *dyatt = arena.take<bf16>(N * C), *dln1 = arena.take<bf16>(N * C),
+       *dx = arena.take<bf16>(N * C);
+  const float std_w = 0.02f * 1.7320508f;  // uniform with std 0.02
+  fill(ln1w, C, 1, 1.0f), fill(ln1b, C, 2, 0.1f), fill(ln2w, C, 3, 1.0f), fill(ln2b, C, 4, 0.1f);
+  fill(wqkv, 3 * C * C, 5, std_w), fill(bqkv, 3 * C, 6, 0.01f), fill(wproj, C * C, 7, std_w);
+  fill(bproj, C, 8, 0.01f), fill(wfc, 4 * C * C, 9, std_w), fill(bfc, 4 * C, 10, 0.01f);
+  fill(wfcp, 4 * C * C, 11, std_w), fill(bfcp, C, 12, 0.01f);
+  fill(x, N * C, 13, 1.0f), fill(yatt, N * C, 14, 1.0f), fill(dout, N * C, 15, 1e-3f);
+  fill(dqkv, N * 3 * C, 16, 1e-3f);
+  check(cudaDeviceSynchronize(), "init");
+
+  auto layer = [&] {
+    // forward
+    gpu::layernorm_forward(ln1, mean1, rstd1, x, ln1w, ln1b, N, C, stream);
+    check(mm.matmul_forward(qkv, ln1, wqkv, bqkv, N, C, 3 * C, stream), "qkv");
+    check(mm.matmul_forward(att, yatt, wproj, bproj, N, C, C, stream), "attproj");
+    gpu::residual_layernorm_forward(s, ln2, mean2, rstd2, x, att, ln2w, ln2b, N, C, stream);
+    check(mm.matmul_forward(h, ln2, wfc, bfc, N, C, 4 * C, stream), "fc");
+    gpu::gelu_forward(g, h, N * 4 * C, stream);
+    check(mm.matmul_forward(o, g, wfcp, bfcp, N, 4 * C, C, stream), "fcproj");
+    gpu::residual_forward(out, s, o, N * C, stream);
+    // backward: out = s + o, so dO = dout and dS starts as dout (zero + residual_backward)
+    check(cudaMemsetAsync(dg, 0, N * 4 * C * sizeof(bf16), stream), "zero");
+    check(cudaMemsetAsync(dh, 0, N * 4 * C * sizeof(bf16), stream), "zero");
+    check(cudaMemsetAsync(dln2, 0, N * C * sizeof(bf16), stream), "zero");
+    check(cudaMemsetAsync(dyatt, 0, N * C * sizeof(bf16), stream), "zero");
+    check(cudaMemsetAsync(dln1, 0, N * C * sizeof(bf16), stream), "zero");
+    // out = s + o: dS = dOut (the copy), dO = dOut (read in place)
+    check(cudaMemcpyAsync(ds, dout, N * C * sizeof(bf16), cudaMemcpyDeviceToDevice, stream),
+          "copy");
+    check(mm.matmul_backward(dg, g_wfcp, g_bfcp, dout, g, wfcp, N, 4 * C, C, stream), "fcproj bwd");
+    gpu::gelu_backward(dh, dg, h, N * 4 * C, stream);
+    check(mm.matmul_backward(dln2, g_wfc, g_bfc, dh, ln2, wfc, N, C, 4 * C, stream), "fc bwd");
+    gpu::layernorm_backward(ds, g_ln2w, g_ln2b, dln2, s, ln2w, mean2, rstd2, N, C, stream);
+    check(mm.matmul_backward(dyatt, g_wproj, g_bproj, ds, yatt, wproj, N, C, C, stream),
+          "attproj bwd");
+    check(mm.matmul_backward(dln1, g_wqkv, g_bqkv, dqkv, ln1, wqkv, N, C, 3 * C, stream),
+          "qkv bwd");
+    // s = x + att: dX = dS (the copy), dAtt = dS (read in place above); then ln1's backward adds
+    check(cudaMemcpyAsync(dx, ds, N * C * sizeof(bf16), cudaMemcpyDeviceToDevice, stream), "copy");
+    gpu::layernorm_backward(dx, g_ln1w, g_ln1b, dln1, x, ln1w, mean1, rstd1, N, C, stream);
+  };
+
+  // classifier: logits (N,Vp) = lnf (N,C) @ wte (Vp,C)^T; fused CE; dlnf += dlogits @ wte;
+  // dwte += dlogits^T lnf
+  bf16 *wte = arena.take<bf16>(Vp * C), *logits = arena.take<bf16>(N * Vp),
+       *dlnf = arena.take<bf16>(N * C);
+  float *g_wte = arena.take<float>(Vp * C), *losses = arena.take<float>(N),
+        *scale = arena.take<float>(1);
+  std::int32_t* targets = arena.take<std::int32_t>(N);
+  fill(wte, Vp * C, 17, std_w);
+  {
+    std::mt19937 rng(7);
+    std::uniform_int_distribution<std::int32_t> tok(0, static_cast<std::int32_t>(V - 1));
+    std::vector<std::int32_t> t(N);
+    for (auto& v : t) v = tok(rng);
+    check(cudaMemcpy(targets, t.data(), N * sizeof(std::int32_t), cudaMemcpyHostToDevice), "h2d");
+    const float sc = 1.0f / static_cast<float>(N);
+    check(cudaMemcpy(scale, &sc, sizeof sc, cudaMemcpyHostToDevice), "h2d");
+  }
+  auto classifier = [&] {
+    check(mm.matmul_forward(logits, ln1, wte, nullptr, N, C, Vp, stream), "lm head");
+    gpu::crossentropy_forward_backward(losses, logits, logits, targets, scale, N, V, Vp, stream);
+    check(cudaMemsetAsync(dlnf, 0, N * C * sizeof(bf16), stream), "zero");
+    check(mm.matmul_backward(dlnf, g_wte, nullptr, logits, ln1, wte, N, C, Vp, stream), "lm bwd");
+  };
+
+  std::size_t free1 = 0;
+  check(cudaMemGetInfo(&free1, &total), "meminfo");
+  cudaDeviceProp prop{};
+  check(cudaGetDeviceProperties(&prop, 0), "props");
+  std::printf(
+      "{\n  \"system\": \"topolaunch cuda kernels\", \"device\": \"%s\", \"B\": %lld, "
+      "\"T\": %lld,\n  \"arena_used_bytes\": %zu, \"arena_allocated_bytes\": %zu,\n",
+      prop.name, static_cast<long long>(B), static_cast<long long>(T), arena.used, free0 - free1);
+  bench("layer_no_attention", stream, layer, 30, false);
+  bench("classifier", stream, classifier, 20, true);
+  std::printf("}\n");
+  check(cudaStreamDestroy(stream), "stream");
+  return 0;
+}

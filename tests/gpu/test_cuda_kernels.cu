@@ -1,0 +1,374 @@
+// Each CUDA kernel of kernels/cuda/ against its CPU twin of kernels/cpu/ on random inputs.
+// Self-contained (plain main, exit status = number of failed checks) so that it builds on the GPU
+// host, which has neither toml++ nor our Catch2 version. Inputs are rounded to bf16 before the CPU
+// twin sees them, so both sides start from identical values and the differences measure only the
+// kernels' own rounding (bf16 outputs) and summation order (atomics, GEMM tiling).
+//
+//   nvcc -std=c++20 -O2 -gencode=arch=compute_90,code=sm_90 --extended-lambda -Xcompiler -fopenmp
+//        -Ikernels/include -Itopology/include -Ikernels/cpu -Ikernels/cuda
+//        tests/gpu/test_cuda_kernels.cu kernels/cuda/kernels.cu kernels/cuda/matmul.cu -lcublasLt
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "adamw.hpp"
+#include "classifier.hpp"
+#include "cuda_kernels.cuh"
+#include "encoder.hpp"
+#include "gelu.hpp"
+#include "layernorm.hpp"
+#include "matmul.cuh"
+#include "matmul.hpp"
+#include "residual.hpp"
+#include "topolaunch/kernels/graph.hpp"
+
+namespace cpu = topolaunch::kernels::cpu;
+namespace gpu = topolaunch::kernels::cuda;
+using bf16 = __nv_bfloat16;
+using Vec = std::vector<float>;
+
+namespace {
+
+int g_failures = 0;
+int g_checks = 0;
+
+void check_cuda(cudaError_t e, const char* what) {
+  if (e != cudaSuccess) {
+    std::fprintf(stderr, "FATAL %s: %s\n", what, cudaGetErrorString(e));
+    std::exit(100);
+  }
+}
+
+// Device buffer of T, RAII.
+template <class T>
+struct Dev {
+  T* p = nullptr;
+  std::size_t n = 0;
+  explicit Dev(std::size_t count) : n(count) {
+    check_cuda(cudaMalloc(&p, (count == 0 ? 1 : count) * sizeof(T)), "cudaMalloc");
+  }
+  ~Dev() { cudaFree(p); }
+  Dev(const Dev&) = delete;
+  Dev& operator=(const Dev&) = delete;
+};
+
+float round_bf16(float v) { return __bfloat162float(__float2bfloat16(v)); }
+
+Vec random_vec(std::mt19937& rng, std::size_t n, float lo, float hi, bool to_bf16) {
+  std::uniform_real_distribution<float> dist(lo, hi);
+  Vec v(n);
+  for (auto& x : v) x = to_bf16 ? round_bf16(dist(rng)) : dist(rng);
+  return v;
+}
+
+Dev<bf16>* upload_bf16(const Vec& v) {
+  auto* d = new Dev<bf16>(v.size());
+  std::vector<bf16> h(v.size());
+  for (std::size_t i = 0; i < v.size(); ++i) h[i] = __float2bfloat16(v[i]);
+  check_cuda(cudaMemcpy(d->p, h.data(), h.size() * sizeof(bf16), cudaMemcpyHostToDevice), "h2d");
+  return d;
+}
+template <class T>
+Dev<T>* upload(const std::vector<T>& v) {
+  auto* d = new Dev<T>(v.size());
+  check_cuda(cudaMemcpy(d->p, v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice), "h2d");
+  return d;
+}
+Vec download(const Dev<bf16>& d) {
+  check_cuda(cudaDeviceSynchronize(), "kernel");
+  std::vector<bf16> h(d.n);
+  check_cuda(cudaMemcpy(h.data(), d.p, d.n * sizeof(bf16), cudaMemcpyDeviceToHost), "d2h");
+  Vec v(d.n);
+  for (std::size_t i = 0; i < d.n; ++i) v[i] = __bfloat162float(h[i]);
+  return v;
+}
+Vec download(const Dev<float>& d) {
+  check_cuda(cudaDeviceSynchronize(), "kernel");
+  Vec v(d.n);
+  check_cuda(cudaMemcpy(v.data(), d.p, d.n * sizeof(float), cudaMemcpyDeviceToHost), "d2h");
+  return v;
+}
+
+// Passes when |gpu - ref| <= atol + rtol |ref| everywhere, atol = atol_frac * max|ref|.
+void compare(const std::string& name, const Vec& got, const Vec& ref, double rtol,
+             double atol_frac) {
+  ++g_checks;
+  double max_ref = 0;
+  for (float r : ref) max_ref = std::fmax(max_ref, std::fabs(r));
+  const double atol = atol_frac * max_ref + 1e-30;
+  double worst = 0, max_abs = 0;
+  std::size_t worst_i = 0, bad = 0;
+  bool finite = got.size() == ref.size();
+  for (std::size_t i = 0; i < ref.size() && finite; ++i) {
+    if (!std::isfinite(got[i])) {
+      finite = false;
+      worst_i = i;
+      break;
+    }
+    const double err = std::fabs(static_cast<double>(got[i]) - ref[i]);
+    max_abs = std::fmax(max_abs, err);
+    const double ratio = err / (atol + rtol * std::fabs(ref[i]));
+    if (ratio > 1) ++bad;
+    if (ratio > worst) {
+      worst = ratio;
+      worst_i = i;
+    }
+  }
+  const bool ok = finite && bad == 0;
+  if (!ok) ++g_failures;
+  std::printf(
+      "%-4s %-44s n=%-9zu max_abs_err=%.3e max|ref|=%.3e worst=%.3f (at %zu: gpu %.6g ref "
+      "%.6g) rtol=%.0e atol=%.1e%s\n",
+      ok ? "ok" : "FAIL", name.c_str(), ref.size(), max_abs, max_ref, worst, worst_i,
+      worst_i < got.size() ? got[worst_i] : 0.0f, worst_i < ref.size() ? ref[worst_i] : 0.0f, rtol,
+      atol, finite ? "" : " NON-FINITE or size mismatch");
+}
+
+constexpr double kBf16Rtol = 1.0 / 64;  // a few bf16 ulps (2^-8) on outputs stored in bf16
+constexpr double kBf16Atol = 1.0 / 256;
+
+void test_encoder(std::mt19937& rng) {
+  const std::int64_t B = 4, T = 64, C = 768, V = 97;  // small V: many repeated tokens
+  std::uniform_int_distribution<std::int32_t> tok(0, V - 1);
+  std::vector<std::int32_t> tokens(B * T);
+  for (auto& t : tokens) t = tok(rng);
+  const Vec wte = random_vec(rng, V * C, -1, 1, true), wpe = random_vec(rng, T * C, -1, 1, true);
+  Vec out_ref(B * T * C);
+  cpu::encoder_forward(out_ref.data(), tokens.data(), wte.data(), wpe.data(), B, T, C);
+  std::unique_ptr<Dev<std::int32_t>> dtok(upload(tokens));
+  std::unique_ptr<Dev<bf16>> dwte(upload_bf16(wte)), dwpe(upload_bf16(wpe)),
+      dout(new Dev<bf16>(B * T * C));
+  gpu::encoder_forward(dout->p, dtok->p, dwte->p, dwpe->p, B, T, C, nullptr);
+  compare("encoder_forward", download(*dout), out_ref, kBf16Rtol, kBf16Atol);
+
+  const Vec dy = random_vec(rng, B * T * C, -1, 1, true);
+  Vec gwte = random_vec(rng, V * C, -1, 1, false), gwpe = random_vec(rng, T * C, -1, 1, false);
+  std::unique_ptr<Dev<float>> dgwte(upload(gwte)), dgwpe(upload(gwpe));
+  std::unique_ptr<Dev<bf16>> ddy(upload_bf16(dy));
+  cpu::encoder_backward(gwte.data(), gwpe.data(), dy.data(), tokens.data(), B, T, C);
+  gpu::encoder_backward(dgwte->p, dgwpe->p, ddy->p, dtok->p, B, T, C, nullptr);
+  compare("encoder_backward dwte (fp32, +=)", download(*dgwte), gwte, 1e-5, 1e-6);
+  compare("encoder_backward dwpe (fp32, +=)", download(*dgwpe), gwpe, 1e-5, 1e-6);
+}
+
+void test_layernorm(std::mt19937& rng, std::int64_t N, std::int64_t C) {
+  const std::string shape = " N=" + std::to_string(N) + " C=" + std::to_string(C);
+  const Vec x = random_vec(rng, N * C, -2, 3, true), w = random_vec(rng, C, 0.5, 1.5, true),
+            b = random_vec(rng, C, -0.5, 0.5, true);
+  Vec y(N * C), mean(N), rstd(N);
+  cpu::layernorm_forward(y.data(), mean.data(), rstd.data(), x.data(), w.data(), b.data(), N, C);
+  std::unique_ptr<Dev<bf16>> dx(upload_bf16(x)), dw(upload_bf16(w)), db(upload_bf16(b)),
+      dy(new Dev<bf16>(N * C));
+  std::unique_ptr<Dev<float>> dmean(new Dev<float>(N)), drstd(new Dev<float>(N));
+  gpu::layernorm_forward(dy->p, dmean->p, drstd->p, dx->p, dw->p, db->p, N, C, nullptr);
+  compare("layernorm_forward y" + shape, download(*dy), y, kBf16Rtol, kBf16Atol);
+  compare("layernorm_forward mean" + shape, download(*dmean), mean, 1e-4, 1e-5);
+  compare("layernorm_forward rstd" + shape, download(*drstd), rstd, 1e-4, 1e-5);
+
+  // fused residual + layernorm
+  const Vec a = random_vec(rng, N * C, -1, 1, true), r = random_vec(rng, N * C, -1, 2, true);
+  Vec s(N * C), y2(N * C), mean2(N), rstd2(N);
+  // the CUDA kernel stores s in bf16 and normalises the stored value: the reference does the same
+  for (std::int64_t i = 0; i < N * C; ++i) s[i] = round_bf16(a[i] + r[i]);
+  cpu::layernorm_forward(y2.data(), mean2.data(), rstd2.data(), s.data(), w.data(), b.data(), N, C);
+  Vec s_plain(N * C), y3(N * C), mean3(N), rstd3(N);  // and the CPU fused twin, unrounded
+  cpu::residual_layernorm_forward(s_plain.data(), y3.data(), mean3.data(), rstd3.data(), a.data(),
+                                  r.data(), w.data(), b.data(), N, C);
+  std::unique_ptr<Dev<bf16>> da(upload_bf16(a)), dr(upload_bf16(r)), ds(new Dev<bf16>(N * C)),
+      dy2(new Dev<bf16>(N * C));
+  gpu::residual_layernorm_forward(ds->p, dy2->p, dmean->p, drstd->p, da->p, dr->p, dw->p, db->p, N,
+                                  C, nullptr);
+  compare("residual_layernorm_forward s" + shape, download(*ds), s_plain, kBf16Rtol, kBf16Atol);
+  compare("residual_layernorm_forward y" + shape, download(*dy2), y3, 2 * kBf16Rtol, 2 * kBf16Atol);
+  compare("residual_layernorm_forward mean" + shape, download(*dmean), mean2, 1e-4, 1e-5);
+  compare("residual_layernorm_forward rstd" + shape, download(*drstd), rstd2, 1e-4, 1e-5);
+
+  // backward, accumulating into random initial gradients
+  const Vec g = random_vec(rng, N * C, -1, 1, true);
+  Vec dxr = random_vec(rng, N * C, -0.1f, 0.1f, true), dwr = random_vec(rng, C, -1, 1, false),
+      dbr = random_vec(rng, C, -1, 1, false);
+  std::unique_ptr<Dev<bf16>> dg(upload_bf16(g)), ddx(upload_bf16(dxr));
+  std::unique_ptr<Dev<float>> ddw(upload(dwr)), ddb(upload(dbr)), dmean1(upload(mean)),
+      drstd1(upload(rstd));
+  cpu::layernorm_backward(dxr.data(), dwr.data(), dbr.data(), g.data(), x.data(), w.data(),
+                          mean.data(), rstd.data(), N, C);
+  gpu::layernorm_backward(ddx->p, ddw->p, ddb->p, dg->p, dx->p, dw->p, dmean1->p, drstd1->p, N, C,
+                          nullptr);
+  compare("layernorm_backward dx (+=)" + shape, download(*ddx), dxr, kBf16Rtol, kBf16Atol);
+  compare("layernorm_backward dw (fp32, +=)" + shape, download(*ddw), dwr, 1e-4, 1e-5);
+  compare("layernorm_backward db (fp32, +=)" + shape, download(*ddb), dbr, 1e-4, 1e-5);
+}
+
+void test_elementwise(std::mt19937& rng, std::int64_t n) {
+  const std::string shape = " n=" + std::to_string(n);
+  const Vec x = random_vec(rng, n, -4, 4, true), dy = random_vec(rng, n, -1, 1, true);
+  Vec y(n), dx = random_vec(rng, n, -1, 1, true);
+  std::unique_ptr<Dev<bf16>> dxv(upload_bf16(x)), ddy(upload_bf16(dy)), dyv(new Dev<bf16>(n)),
+      ddx(upload_bf16(dx));
+  cpu::gelu_forward(y.data(), x.data(), n);
+  gpu::gelu_forward(dyv->p, dxv->p, n, nullptr);
+  compare("gelu_forward" + shape, download(*dyv), y, kBf16Rtol, kBf16Atol);
+  cpu::gelu_backward(dx.data(), dy.data(), x.data(), n);
+  gpu::gelu_backward(ddx->p, ddy->p, dxv->p, n, nullptr);
+  compare("gelu_backward (+=)" + shape, download(*ddx), dx, kBf16Rtol, kBf16Atol);
+
+  Vec r(n);
+  cpu::residual_forward(r.data(), x.data(), dy.data(), n);
+  gpu::residual_forward(dyv->p, dxv->p, ddy->p, n, nullptr);
+  compare("residual_forward" + shape, download(*dyv), r, kBf16Rtol, kBf16Atol);
+  Vec da = random_vec(rng, n, -1, 1, true), db = random_vec(rng, n, -1, 1, true);
+  std::unique_ptr<Dev<bf16>> dda(upload_bf16(da)), ddb(upload_bf16(db));
+  cpu::residual_backward(da.data(), db.data(), dy.data(), n);
+  gpu::residual_backward(dda->p, ddb->p, ddy->p, n, nullptr);
+  compare("residual_backward da (+=)" + shape, download(*dda), da, kBf16Rtol, kBf16Atol);
+  compare("residual_backward db (+=)" + shape, download(*ddb), db, kBf16Rtol, kBf16Atol);
+}
+
+void test_classifier(std::mt19937& rng) {
+  const std::int64_t N = 64, V = 50257, Vp = 50304;
+  const Vec logits = random_vec(rng, N * Vp, -6, 6, true);
+  std::uniform_int_distribution<std::int32_t> tok(0, static_cast<std::int32_t>(V - 1));
+  std::vector<std::int32_t> targets(N);
+  for (auto& t : targets) t = tok(rng);
+  const float scale = 1.0f / static_cast<float>(N);
+  Vec losses(N), dlogits(N * Vp);
+  cpu::crossentropy_forward(losses.data(), logits.data(), targets.data(), N, V, Vp);
+  cpu::crossentropy_backward(dlogits.data(), logits.data(), targets.data(), scale, N, V, Vp);
+  std::unique_ptr<Dev<bf16>> dl(upload_bf16(logits)), dd(new Dev<bf16>(N * Vp));
+  std::unique_ptr<Dev<std::int32_t>> dt(upload(targets));
+  std::unique_ptr<Dev<float>> dloss(new Dev<float>(N)), dscale(upload(Vec{scale}));
+  gpu::crossentropy_forward(dloss->p, dl->p, dt->p, N, V, Vp, nullptr);
+  compare("crossentropy_forward losses", download(*dloss), losses, 1e-5, 1e-6);
+  gpu::crossentropy_backward(dd->p, dl->p, dt->p, dscale->p, N, V, Vp, nullptr);
+  compare("crossentropy_backward dlogits", download(*dd), dlogits, kBf16Rtol, 1e-3);
+  // fused, in place (dlogits overwrite the logits)
+  check_cuda(cudaMemset(dloss->p, 0, N * sizeof(float)), "memset");
+  gpu::crossentropy_forward_backward(dloss->p, dl->p, dl->p, dt->p, dscale->p, N, V, Vp, nullptr);
+  compare("crossentropy_forward_backward losses (in place)", download(*dloss), losses, 1e-5, 1e-6);
+  compare("crossentropy_forward_backward dlogits (in place)", download(*dl), dlogits, kBf16Rtol,
+          1e-3);
+}
+
+void test_adamw(std::mt19937& rng) {
+  const std::int64_t n = 1 << 20;
+  Vec p = random_vec(rng, n, -1, 1, false), m = random_vec(rng, n, -0.01f, 0.01f, false),
+      v = random_vec(rng, n, 0, 1e-4f, false), grad = random_vec(rng, n, -0.01f, 0.01f, false);
+  // global norm over the gradient: the CPU twin sums in double, the GPU in fp32 atomics
+  const double norm_ref = std::sqrt(cpu::sum_of_squares(grad.data(), n));
+  std::unique_ptr<Dev<float>> dp(upload(p)), dm(upload(m)), dv(upload(v)), dg(upload(grad)),
+      dnorm(new Dev<float>(1));
+  check_cuda(cudaMemset(dnorm->p, 0, sizeof(float)), "memset");
+  gpu::sum_of_squares(dnorm->p, dg->p, n, nullptr);
+  gpu::sqrt_in_place(dnorm->p, nullptr);
+  compare("global norm (sum_of_squares + sqrt)", download(*dnorm),
+          Vec{static_cast<float>(norm_ref)}, 1e-5, 0);
+
+  namespace tk = topolaunch::kernels;
+  Vec sc(tk::kNumScalars, 0);
+  sc[tk::kLearningRate] = 1e-3f;
+  sc[tk::kBeta1] = 0.9f;
+  sc[tk::kBeta2] = 0.95f;
+  sc[tk::kEpsilon] = 1e-8f;
+  sc[tk::kWeightDecay] = 0.1f;
+  sc[tk::kStep] = 3;
+  sc[tk::kGradClip] = static_cast<float>(norm_ref / 2);  // clipping active
+  std::unique_ptr<Dev<float>> dsc(upload(sc));
+  std::unique_ptr<Dev<bf16>> dpb(new Dev<bf16>(n));
+  for (bool decayed : {true, false}) {
+    cpu::AdamWScalars s{sc[tk::kLearningRate],
+                        sc[tk::kBeta1],
+                        sc[tk::kBeta2],
+                        sc[tk::kEpsilon],
+                        sc[tk::kWeightDecay],
+                        sc[tk::kStep],
+                        0.5};
+    cpu::adamw_update(p.data(), m.data(), v.data(), grad.data(), n, s, decayed);
+    gpu::adamw_update(dp->p, dpb->p, dm->p, dv->p, dg->p, n, dsc->p, dnorm->p, decayed, nullptr);
+    const std::string tag = decayed ? " (decayed)" : " (no decay)";
+    compare("adamw_update param" + tag, download(*dp), p, 1e-6, 1e-6);
+    compare("adamw_update m" + tag, download(*dm), m, 1e-5, 1e-6);
+    compare("adamw_update v" + tag, download(*dv), v, 1e-5, 1e-6);
+    compare("adamw_update bf16 copy" + tag, download(*dpb), p, 1.0 / 128, 0);
+  }
+}
+
+void test_matmul(std::mt19937& rng, gpu::Matmul& mm, std::int64_t N, std::int64_t C,
+                 std::int64_t OC, bool with_bias) {
+  const std::string shape = " N=" + std::to_string(N) + " C=" + std::to_string(C) +
+                            " OC=" + std::to_string(OC) + (with_bias ? " +bias" : "");
+  const Vec x = random_vec(rng, N * C, -1, 1, true), w = random_vec(rng, OC * C, -0.1f, 0.1f, true),
+            bias = random_vec(rng, OC, -1, 1, true);
+  Vec y(N * OC);
+  cpu::matmul_forward(y.data(), x.data(), w.data(), with_bias ? bias.data() : nullptr, N, C, OC);
+  std::unique_ptr<Dev<bf16>> dx(upload_bf16(x)), dw(upload_bf16(w)), db(upload_bf16(bias)),
+      dy(new Dev<bf16>(N * OC));
+  cublasStatus_t st =
+      mm.matmul_forward(dy->p, dx->p, dw->p, with_bias ? db->p : nullptr, N, C, OC, nullptr);
+  if (st != CUBLAS_STATUS_SUCCESS) {
+    std::printf("FAIL matmul_forward%s: cublasLt status %d\n", shape.c_str(), static_cast<int>(st));
+    ++g_failures;
+    ++g_checks;
+    return;
+  }
+  compare("matmul_forward" + shape, download(*dy), y, kBf16Rtol, kBf16Atol);
+
+  const Vec g = random_vec(rng, N * OC, -1, 1, true);
+  Vec gx = random_vec(rng, N * C, -1, 1, true), gw = random_vec(rng, OC * C, -1, 1, false),
+      gb = random_vec(rng, OC, -1, 1, false);
+  std::unique_ptr<Dev<bf16>> dg(upload_bf16(g)), dgx(upload_bf16(gx));
+  std::unique_ptr<Dev<float>> dgw(upload(gw)), dgb(upload(gb));
+  cpu::matmul_backward(gx.data(), gw.data(), gb.data(), g.data(), x.data(), w.data(), N, C, OC);
+  st = mm.matmul_backward(dgx->p, dgw->p, dgb->p, dg->p, dx->p, dw->p, N, C, OC, nullptr);
+  if (st != CUBLAS_STATUS_SUCCESS) {
+    std::printf("FAIL matmul_backward%s: cublasLt status %d\n", shape.c_str(),
+                static_cast<int>(st));
+    ++g_failures;
+    ++g_checks;
+    return;
+  }
+  compare("matmul_backward dx (+=)" + shape, download(*dgx), gx, kBf16Rtol, kBf16Atol);
+  compare("matmul_backward dw (fp32, +=)" + shape, download(*dgw), gw, 1e-4, 1e-5);
+  compare("matmul_backward dbias (fp32, +=)" + shape, download(*dgb), gb, 1e-4, 1e-5);
+}
+
+}  // namespace
+
+int main() {
+  int device_count = 0;
+  if (cudaGetDeviceCount(&device_count) != cudaSuccess || device_count == 0) {
+    std::fprintf(stderr, "test_cuda_kernels: no CUDA device visible: run it on a GPU host\n");
+    return 100;
+  }
+  cudaDeviceProp prop{};
+  check_cuda(cudaGetDeviceProperties(&prop, 0), "cudaGetDeviceProperties");
+  std::printf("device: %s (sm_%d%d, %d SMs)\n", prop.name, prop.major, prop.minor,
+              prop.multiProcessorCount);
+  std::mt19937 rng(1234);
+  test_encoder(rng);
+  test_layernorm(rng, 256, 768);
+  test_layernorm(rng, 37, 100);  // ragged: C not a multiple of 32, N not of 8
+  test_elementwise(rng, 256 * 3072);
+  test_elementwise(rng, 1001);  // scalar path (n % 8 != 0)
+  test_classifier(rng);
+  test_adamw(rng);
+  gpu::Matmul mm;
+  if (!mm.error().empty()) {
+    std::printf("FAIL cuBLASLt setup: %s\n", mm.error().c_str());
+    return 1 + g_failures;
+  }
+  test_matmul(rng, mm, 256, 768, 2304, true);   // qkv
+  test_matmul(rng, mm, 256, 3072, 768, true);   // fc projection
+  test_matmul(rng, mm, 256, 768, 3072, false);  // no bias
+  test_matmul(rng, mm, 100, 64, 200, true);     // small, odd
+  check_cuda(cudaDeviceSynchronize(), "final");
+  std::printf("%d of %d checks passed\n", g_checks - g_failures, g_checks);
+  return g_failures == 0 ? 0 : 1;
+}
