@@ -61,7 +61,8 @@ def ours(worker, tls, buffer_bytes, total_bytes, iters):
 
 def perftest(tls, test, size, iters):
     PORT[0] += 1
-    env = dict(ENV, UCX_TLS=tls)
+    # -e = peer error handling, like our endpoints; shm then needs posix error handling (1.13).
+    env = dict(ENV, UCX_TLS=tls, UCX_POSIX_ERROR_HANDLING="y")
     server = subprocess.Popen(["ucx_perftest", "-p", str(PORT[0]), "-e"], stdout=subprocess.PIPE,
                               stderr=subprocess.STDOUT, text=True, env=env)
     time.sleep(0.5)
