@@ -827,6 +827,7 @@ int run_slurm(Job& job, int nodes, int signal_fd) {
     merged.started_s = seconds_between(job.job_start, attempt_start);
     merged.wall_s = seconds_between(attempt_start, Clock::now());
     std::optional<RootCause> cause;
+    std::string agent_outcome;
     for (int node = 0; node < nodes; ++node) {
       std::ifstream in(job.job_dir / fmt::format("attempt-{}", attempt) /
                        fmt::format("node-{}.json", node));
@@ -838,11 +839,18 @@ int run_slurm(Job& job, int nodes, int signal_fd) {
       merged.all_started_s = std::max(merged.all_started_s, a.all_started_s);
       merged.ranks.insert(merged.ranks.end(), a.ranks.begin(), a.ranks.end());
       if (fragment->root_cause && a.outcome == "failed" && !cause) cause = fragment->root_cause;
+      // Agents signalled by Slurm directly (scancel --signal=USR1 JOBID, step teardown).
+      if (a.outcome == "requeue" || a.outcome == "stopped") agent_outcome = a.outcome;
     }
     std::sort(merged.ranks.begin(), merged.ranks.end(),
               [](const RankOutcome& a, const RankOutcome& b) { return a.rank < b.rank; });
     const bool srun_ok = WIFEXITED(status) && WEXITSTATUS(status) == 0;
-    merged.outcome = !requested.empty() ? requested : srun_ok ? "succeeded" : "failed";
+    merged.outcome = !requested.empty()       ? requested
+                     : srun_ok                ? "succeeded"
+                     : cause                  ? "failed"
+                     : !agent_outcome.empty() ? agent_outcome
+                                              : "failed";
+    if (merged.outcome == "stopped" && stop_signal == 0) stop_signal = SIGTERM;
     if (merged.outcome == "failed" && !cause) {
       cause =
           RootCause{attempt, -1, "",

@@ -1,0 +1,166 @@
+#!/usr/bin/env python3
+"""`topolaunch run` inside sbatch on the local 4-node Slurm test cluster (tests/slurm/).
+
+usage: test_launcher_slurm.py TOPOLAUNCH TEST_WORKER SOURCE_ROOT CASE
+Starts a private cluster (tests/slurm/cluster-start), runs the case, stops the cluster.
+Cases: env_4x2 (4 nodes x 2 ranks: env per rank, store exchange, report), kill9 (kill -9 one
+worker: every worker gone within 5 s, root cause named), usr1 (scancel --signal=USR1 JOBID, i.e. the job step:
+workers checkpoint, exit status 3 for requeue).
+"""
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+
+TOPOLAUNCH, WORKER, ROOT, CASE = [os.path.abspath(a) for a in sys.argv[1:4]] + [sys.argv[4]]
+TMP = tempfile.mkdtemp(prefix="topolaunch-slurm-")
+os.chmod(TMP, 0o755)
+CLUSTER = os.path.join(TMP, "cluster")
+JOB_DIR = os.path.join(TMP, "job")
+
+
+def fail(message):
+    print("FAIL:", message)
+    stop_cluster()
+    sys.exit(1)
+
+
+def check(condition, message):
+    if not condition:
+        fail(message)
+
+
+def stop_cluster():
+    subprocess.run([os.path.join(ROOT, "tests", "slurm", "cluster-stop"), CLUSTER],
+                   capture_output=True)
+
+
+def slurm_env():
+    env = dict(os.environ)
+    with open(os.path.join(CLUSTER, "env")) as f:
+        for line in f:
+            if line.startswith("export "):
+                key, value = line[len("export "):].strip().split("=", 1)
+                env[key] = value.strip("'\"")
+    return env
+
+
+def sbatch(worker_args, wait=True):
+    config = os.path.join(TMP, "job.toml")
+    with open(config, "w") as f:
+        f.write('[job]\nname = "sb"\nranks_per_node = 2\nstop_grace = "5s"\n'
+                '[mapping]\noversubscribe = true\n[rdma]\npreflight = "off"\n')
+    script = os.path.join(TMP, "job.sbatch")
+    with open(script, "w") as f:
+        f.write(f"""#!/bin/bash
+#SBATCH -N 4
+#SBATCH -o {TMP}/out.txt
+{TOPOLAUNCH} run {config} --job-dir {JOB_DIR} --topology {CLUSTER}/topo/%n.xml -- {WORKER} {worker_args}
+echo "topolaunch exit $?"
+""")
+    args = ["sbatch", "--parsable"] + (["--wait"] if wait else []) + [script]
+    proc = subprocess.run(args, env=slurm_env(), capture_output=True, text=True, timeout=120)
+    return proc.stdout.strip().split(";")[0]
+
+
+def output():
+    with open(os.path.join(TMP, "out.txt")) as f:
+        return f.read()
+
+
+def log_of(rank, attempt=0):
+    try:
+        with open(os.path.join(JOB_DIR, f"attempt-{attempt}", f"rank-{rank}.log")) as f:
+            return f.read()
+    except OSError:
+        return ""
+
+
+def wait_started(ranks=8, timeout=60):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        pids = {}
+        for r in range(ranks):
+            for line in log_of(r).splitlines():
+                if line.startswith("pid "):
+                    pids[r] = int(line.split()[1])
+        if len(pids) == ranks:
+            return pids
+        time.sleep(0.1)
+    fail("workers did not start")
+
+
+def alive(pid):
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split()[2] != "Z"
+    except OSError:
+        return False
+
+
+def case_env_4x2():
+    sbatch("--exchange --sleep 0.5")
+    out = output()
+    check("topolaunch exit 0" in out, out[-2000:])
+    rep = json.load(open(os.path.join(JOB_DIR, "report.json")))
+    check(rep["status"] == "succeeded" and len(rep["attempts"][0]["ranks"]) == 8, rep)
+    nodes = {}
+    for r in range(8):
+        log = log_of(r)
+        for expected in [f"env RANK={r}", f"env LOCAL_RANK={r % 2}", "env WORLD_SIZE=8",
+                         "env LOCAL_WORLD_SIZE=2", f"env GROUP_RANK={r // 2}",
+                         "env GROUP_WORLD_SIZE=4", "exchange 8/8"]:
+            check(expected in log, f"rank {r}: {expected!r} missing:\n{log}")
+        nodes[r] = rep["attempts"][0]["ranks"][r]["node_name"]
+    check(sorted(set(nodes.values())) == ["n1", "n2", "n3", "n4"], nodes)
+
+
+def case_kill9():
+    job_id = sbatch("--sleep 120", wait=False)
+    pids = wait_started()
+    time.sleep(0.5)
+    os.kill(pids[5], signal.SIGKILL)
+    t0 = time.time()
+    while time.time() - t0 < 5 and any(alive(p) for p in pids.values()):
+        time.sleep(0.05)
+    elapsed = time.time() - t0
+    left = [p for p in pids.values() if alive(p)]
+    check(not left, f"workers still alive {elapsed:.1f}s after kill -9: {left}")
+    deadline = time.time() + 60
+    while time.time() < deadline and "topolaunch exit" not in output():
+        time.sleep(0.2)
+    out = output()
+    check("topolaunch exit 1" in out, out[-2000:])
+    cause = json.load(open(os.path.join(JOB_DIR, "report.json")))["root_cause"]
+    check(cause and cause["rank"] == 5 and "SIGKILL" in cause["what"], cause)
+    print(f"job {job_id}: all 8 workers on 4 nodes gone {elapsed:.2f}s after kill -9")
+
+
+def case_usr1():
+    job_id = sbatch("--sleep 120", wait=False)
+    wait_started()
+    subprocess.run(["scancel", "--signal=USR1", job_id], env=slurm_env(), check=True)
+    deadline = time.time() + 60
+    while time.time() < deadline and "topolaunch exit" not in output():
+        time.sleep(0.2)
+    out = output()
+    check("topolaunch exit 3" in out, out[-2000:])
+    for r in range(8):
+        check("checkpointed" in log_of(r), f"rank {r} did not checkpoint")
+
+
+try:
+    proc = subprocess.run([os.path.join(ROOT, "tests", "slurm", "cluster-start"), CLUSTER],
+                          capture_output=True, text=True, timeout=180)
+    if proc.returncode != 0:
+        print("FAIL: cluster-start:", proc.stderr.strip()[-1000:])
+        sys.exit(1)
+    {"env_4x2": case_env_4x2, "kill9": case_kill9, "usr1": case_usr1}[CASE]()
+    print("PASS", CASE)
+finally:
+    stop_cluster()
+    shutil.rmtree(TMP, ignore_errors=True)
