@@ -23,16 +23,17 @@ void encoder_backward(float* dwte, float* dwpe, const bf16* dout, const std::int
                       std::int64_t B, std::int64_t T, std::int64_t C, cudaStream_t stream);
 
 // y (N,C) = layernorm(x) * w + b; mean, rstd (N) saved for the backward. eps 1e-5.
-void layernorm_forward(bf16* y, float* mean, float* rstd, const bf16* x, const bf16* w,
-                       const bf16* b, std::int64_t N, std::int64_t C, cudaStream_t stream);
+// The LayerNorm kernels hold a row in registers: C <= 1600, else cudaErrorInvalidValue.
+cudaError_t layernorm_forward(bf16* y, float* mean, float* rstd, const bf16* x, const bf16* w,
+                              const bf16* b, std::int64_t N, std::int64_t C, cudaStream_t stream);
 // s = a + b1; y = layernorm(s) (one pass over memory).
-void residual_layernorm_forward(bf16* s, bf16* y, float* mean, float* rstd, const bf16* a,
-                                const bf16* b1, const bf16* w, const bf16* b, std::int64_t N,
-                                std::int64_t C, cudaStream_t stream);
+cudaError_t residual_layernorm_forward(bf16* s, bf16* y, float* mean, float* rstd, const bf16* a,
+                                       const bf16* b1, const bf16* w, const bf16* b, std::int64_t N,
+                                       std::int64_t C, cudaStream_t stream);
 // dx += ...; dw += sum_n dy*norm; db += sum_n dy.
-void layernorm_backward(bf16* dx, float* dw, float* db, const bf16* dy, const bf16* x,
-                        const bf16* w, const float* mean, const float* rstd, std::int64_t N,
-                        std::int64_t C, cudaStream_t stream);
+cudaError_t layernorm_backward(bf16* dx, float* dw, float* db, const bf16* dy, const bf16* x,
+                               const bf16* w, const float* mean, const float* rstd, std::int64_t N,
+                               std::int64_t C, cudaStream_t stream);
 
 // GELU, tanh approximation. The backward accumulates: dx += dy * gelu'(x).
 void gelu_forward(bf16* y, const bf16* x, std::int64_t n, cudaStream_t stream);

@@ -354,7 +354,17 @@ int main() {
   std::mt19937 rng(1234);
   test_encoder(rng);
   test_layernorm(rng, 256, 768);
-  test_layernorm(rng, 37, 100);  // ragged: C not a multiple of 32, N not of 8
+  test_layernorm(rng, 37, 100);   // ragged: C not a multiple of 32, N not of 8
+  test_layernorm(rng, 64, 1600);  // GPT-2 1558M width, the largest supported
+  {
+    ++g_checks;
+    const cudaError_t e = gpu::layernorm_forward(nullptr, nullptr, nullptr, nullptr, nullptr,
+                                                 nullptr, 4, 1601, nullptr);
+    const bool ok = e == cudaErrorInvalidValue;
+    if (!ok) ++g_failures;
+    std::printf("%-4s layernorm_forward refuses C=1601 (cudaErrorInvalidValue)\n",
+                ok ? "ok" : "FAIL");
+  }
   test_elementwise(rng, 256 * 3072);
   test_elementwise(rng, 1001);  // scalar path (n % 8 != 0)
   test_classifier(rng);

@@ -17,6 +17,7 @@
 #include <cstdlib>
 #include <functional>
 #include <random>
+#include <utility>
 #include <vector>
 
 #include "cuda_kernels.cuh"
@@ -171,36 +172,75 @@ int main(int argc, char** argv) {
   fill(dqkv, N * 3 * C, 16, 1e-3f);
   check(cudaDeviceSynchronize(), "init");
 
+  // the layer as named ops, so that each can also be timed alone
+  auto zero = [&](bf16* p, std::int64_t n) {
+    check(cudaMemsetAsync(p, 0, n * sizeof(bf16), stream), "zero");
+  };
+  const std::vector<std::pair<const char*, std::function<void()>>> layer_ops = {
+      {"ln1",
+       [&] {
+         check(gpu::layernorm_forward(ln1, mean1, rstd1, x, ln1w, ln1b, N, C, stream), "ln1");
+       }},
+      {"qkv", [&] { check(mm.matmul_forward(qkv, ln1, wqkv, bqkv, N, C, 3 * C, stream), "qkv"); }},
+      {"attproj",
+       [&] { check(mm.matmul_forward(att, yatt, wproj, bproj, N, C, C, stream), "attproj"); }},
+      {"residual_ln2",
+       [&] {
+         check(gpu::residual_layernorm_forward(s, ln2, mean2, rstd2, x, att, ln2w, ln2b, N, C,
+                                               stream),
+               "ln2");
+       }},
+      {"fc", [&] { check(mm.matmul_forward(h, ln2, wfc, bfc, N, C, 4 * C, stream), "fc"); }},
+      {"gelu", [&] { gpu::gelu_forward(g, h, N * 4 * C, stream); }},
+      {"fcproj",
+       [&] { check(mm.matmul_forward(o, g, wfcp, bfcp, N, 4 * C, C, stream), "fcproj"); }},
+      {"residual", [&] { gpu::residual_forward(out, s, o, N * C, stream); }},
+      // backward: out = s + o, so dO = dOut (read in place) and dS starts as a copy of dOut
+      {"zero_grads",
+       [&] {
+         zero(dg, N * 4 * C), zero(dh, N * 4 * C), zero(dln2, N * C), zero(dyatt, N * C),
+             zero(dln1, N * C);
+         check(cudaMemcpyAsync(ds, dout, N * C * sizeof(bf16), cudaMemcpyDeviceToDevice, stream),
+               "copy");
+       }},
+      {"fcproj_bwd",
+       [&] {
+         check(mm.matmul_backward(dg, g_wfcp, g_bfcp, dout, g, wfcp, N, 4 * C, C, stream),
+               "fcproj bwd");
+       }},
+      {"gelu_bwd", [&] { gpu::gelu_backward(dh, dg, h, N * 4 * C, stream); }},
+      {"fc_bwd",
+       [&] {
+         check(mm.matmul_backward(dln2, g_wfc, g_bfc, dh, ln2, wfc, N, C, 4 * C, stream), "fc bwd");
+       }},
+      {"ln2_bwd",
+       [&] {
+         check(
+             gpu::layernorm_backward(ds, g_ln2w, g_ln2b, dln2, s, ln2w, mean2, rstd2, N, C, stream),
+             "ln2 bwd");
+       }},
+      {"attproj_bwd",
+       [&] {
+         check(mm.matmul_backward(dyatt, g_wproj, g_bproj, ds, yatt, wproj, N, C, C, stream),
+               "attproj bwd");
+       }},
+      {"qkv_bwd",
+       [&] {
+         check(mm.matmul_backward(dln1, g_wqkv, g_bqkv, dqkv, ln1, wqkv, N, C, 3 * C, stream),
+               "qkv bwd");
+       }},
+      // s = x + att: dX = dS (the copy), dAtt = dS (read in place above); ln1's backward adds
+      {"ln1_bwd",
+       [&] {
+         check(cudaMemcpyAsync(dx, ds, N * C * sizeof(bf16), cudaMemcpyDeviceToDevice, stream),
+               "copy");
+         check(
+             gpu::layernorm_backward(dx, g_ln1w, g_ln1b, dln1, x, ln1w, mean1, rstd1, N, C, stream),
+             "ln1 bwd");
+       }},
+  };
   auto layer = [&] {
-    // forward
-    gpu::layernorm_forward(ln1, mean1, rstd1, x, ln1w, ln1b, N, C, stream);
-    check(mm.matmul_forward(qkv, ln1, wqkv, bqkv, N, C, 3 * C, stream), "qkv");
-    check(mm.matmul_forward(att, yatt, wproj, bproj, N, C, C, stream), "attproj");
-    gpu::residual_layernorm_forward(s, ln2, mean2, rstd2, x, att, ln2w, ln2b, N, C, stream);
-    check(mm.matmul_forward(h, ln2, wfc, bfc, N, C, 4 * C, stream), "fc");
-    gpu::gelu_forward(g, h, N * 4 * C, stream);
-    check(mm.matmul_forward(o, g, wfcp, bfcp, N, 4 * C, C, stream), "fcproj");
-    gpu::residual_forward(out, s, o, N * C, stream);
-    // backward: out = s + o, so dO = dout and dS starts as dout (zero + residual_backward)
-    check(cudaMemsetAsync(dg, 0, N * 4 * C * sizeof(bf16), stream), "zero");
-    check(cudaMemsetAsync(dh, 0, N * 4 * C * sizeof(bf16), stream), "zero");
-    check(cudaMemsetAsync(dln2, 0, N * C * sizeof(bf16), stream), "zero");
-    check(cudaMemsetAsync(dyatt, 0, N * C * sizeof(bf16), stream), "zero");
-    check(cudaMemsetAsync(dln1, 0, N * C * sizeof(bf16), stream), "zero");
-    // out = s + o: dS = dOut (the copy), dO = dOut (read in place)
-    check(cudaMemcpyAsync(ds, dout, N * C * sizeof(bf16), cudaMemcpyDeviceToDevice, stream),
-          "copy");
-    check(mm.matmul_backward(dg, g_wfcp, g_bfcp, dout, g, wfcp, N, 4 * C, C, stream), "fcproj bwd");
-    gpu::gelu_backward(dh, dg, h, N * 4 * C, stream);
-    check(mm.matmul_backward(dln2, g_wfc, g_bfc, dh, ln2, wfc, N, C, 4 * C, stream), "fc bwd");
-    gpu::layernorm_backward(ds, g_ln2w, g_ln2b, dln2, s, ln2w, mean2, rstd2, N, C, stream);
-    check(mm.matmul_backward(dyatt, g_wproj, g_bproj, ds, yatt, wproj, N, C, C, stream),
-          "attproj bwd");
-    check(mm.matmul_backward(dln1, g_wqkv, g_bqkv, dqkv, ln1, wqkv, N, C, 3 * C, stream),
-          "qkv bwd");
-    // s = x + att: dX = dS (the copy), dAtt = dS (read in place above); then ln1's backward adds
-    check(cudaMemcpyAsync(dx, ds, N * C * sizeof(bf16), cudaMemcpyDeviceToDevice, stream), "copy");
-    gpu::layernorm_backward(dx, g_ln1w, g_ln1b, dln1, x, ln1w, mean1, rstd1, N, C, stream);
+    for (const auto& op : layer_ops) op.second();
   };
 
   // classifier: logits (N,Vp) = lnf (N,C) @ wte (Vp,C)^T; fused CE; dlnf += dlogits @ wte;
@@ -236,6 +276,12 @@ int main(int argc, char** argv) {
       "\"T\": %lld,\n  \"arena_used_bytes\": %zu, \"arena_allocated_bytes\": %zu,\n",
       prop.name, static_cast<long long>(B), static_cast<long long>(T), arena.used, free0 - free1);
   bench("layer_no_attention", stream, layer, 30, false);
+  std::printf("  \"layer_ops_median_ms\": {");
+  for (std::size_t i = 0; i < layer_ops.size(); ++i) {
+    const Timing t = time_it(stream, 20, layer_ops[i].second);
+    std::printf("%s\"%s\": %.4f", i == 0 ? "" : ", ", layer_ops[i].first, t.median_ms);
+  }
+  std::printf("},\n");
   bench("classifier", stream, classifier, 20, true);
   std::printf("}\n");
   check(cudaStreamDestroy(stream), "stream");
