@@ -30,31 +30,6 @@ std::string_view trim(std::string_view s) {
   return s;
 }
 
-// "mlx5_10" after "mlx5_9": digit runs compare as numbers.
-bool natural_less(std::string_view a, std::string_view b) {
-  std::size_t i = 0, j = 0;
-  while (i < a.size() && j < b.size()) {
-    if (std::isdigit(static_cast<unsigned char>(a[i])) &&
-        std::isdigit(static_cast<unsigned char>(b[j]))) {
-      std::size_t ie = i, je = j;
-      while (ie < a.size() && std::isdigit(static_cast<unsigned char>(a[ie]))) ++ie;
-      while (je < b.size() && std::isdigit(static_cast<unsigned char>(b[je]))) ++je;
-      std::string_view da = a.substr(i, ie - i), db = b.substr(j, je - j);
-      while (da.size() > 1 && da.front() == '0') da.remove_prefix(1);
-      while (db.size() > 1 && db.front() == '0') db.remove_prefix(1);
-      if (da.size() != db.size()) return da.size() < db.size();
-      if (da != db) return da < db;
-      i = ie;
-      j = je;
-    } else {
-      if (a[i] != b[j]) return a[i] < b[j];
-      ++i;
-      ++j;
-    }
-  }
-  return (a.size() - i) < (b.size() - j);
-}
-
 }  // namespace
 
 // ---- NicFilter (NCCL_IB_HCA syntax) ----------------------------------------------------

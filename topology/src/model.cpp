@@ -114,4 +114,28 @@ std::optional<NicRole> nic_role_from_string(std::string_view text) {
   return std::nullopt;
 }
 
+bool natural_less(std::string_view a, std::string_view b) {
+  std::size_t i = 0, j = 0;
+  auto digit = [](char c) { return c >= '0' && c <= '9'; };
+  while (i < a.size() && j < b.size()) {
+    if (digit(a[i]) && digit(b[j])) {
+      std::size_t ie = i, je = j;
+      while (ie < a.size() && digit(a[ie])) ++ie;
+      while (je < b.size() && digit(b[je])) ++je;
+      std::string_view na = a.substr(i, ie - i), nb = b.substr(j, je - j);
+      while (na.size() > 1 && na.front() == '0') na.remove_prefix(1);
+      while (nb.size() > 1 && nb.front() == '0') nb.remove_prefix(1);
+      if (na.size() != nb.size()) return na.size() < nb.size();
+      if (na != nb) return na < nb;
+      i = ie;
+      j = je;
+    } else {
+      if (a[i] != b[j]) return a[i] < b[j];
+      ++i;
+      ++j;
+    }
+  }
+  return (a.size() - i) < (b.size() - j);
+}
+
 }  // namespace topolaunch::topology

@@ -50,8 +50,8 @@ struct PcieLink {
 // VMs) and the PCI-to-PCI bridges from the root port down to the device's parent.
 // Relations between devices are computed from two paths (see relation.hpp).
 struct PciPath {
-  std::string host_bridge;           // e.g. "0000:[15-1b]" (domain:[secondary-subordinate])
-  std::vector<PciAddress> bridges;   // root port first, the device's direct parent last
+  std::string host_bridge;          // e.g. "0000:[15-1b]" (domain:[secondary-subordinate])
+  std::vector<PciAddress> bridges;  // root port first, the device's direct parent last
 
   bool operator==(const PciPath&) const = default;
 };
@@ -85,14 +85,14 @@ struct Core {
 };
 
 struct Gpu {
-  int index = -1;                 // position in bus-id order
+  int index = -1;  // position in bus-id order
   PciAddress busid;
   std::uint16_t vendor_id = 0;
   std::uint16_t device_id = 0;
-  std::string model;              // "NVIDIA H100 80GB HBM3" when known (NVML/OpenCL/CUDA osdev)
-  std::string uuid;               // "GPU-..." when NVML (or the XML) says
-  int numa = -1;                  // host NUMA node os_index, -1 = unknown (R-LOC-2)
-  CpuSet cpus;                    // locality (R-LOC-1); empty = unknown
+  std::string model;  // "NVIDIA H100 80GB HBM3" when known (NVML/OpenCL/CUDA osdev)
+  std::string uuid;   // "GPU-..." when NVML (or the XML) says
+  int numa = -1;      // host NUMA node os_index, -1 = unknown (R-LOC-2)
+  CpuSet cpus;        // locality (R-LOC-1); empty = unknown
   PcieLink link;
   PciPath path;
 
@@ -101,10 +101,10 @@ struct Gpu {
 
 struct NicPort {
   int number = 1;
-  int state = 0;                 // IB port state: 4 = ACTIVE (hwloc's PortNState)
-  int physical_state = 0;        // 5 = LinkUp, 0 = unknown
-  double rate_gbps = 0.0;        // 0 = unknown
-  std::string link_layer;        // "InfiniBand", "Ethernet", "" unknown
+  int state = 0;           // IB port state: 4 = ACTIVE (hwloc's PortNState)
+  int physical_state = 0;  // 5 = LinkUp, 0 = unknown
+  double rate_gbps = 0.0;  // 0 = unknown
+  std::string link_layer;  // "InfiniBand", "Ethernet", "" unknown
   std::vector<std::string> gids;
 
   bool operator==(const NicPort&) const = default;
@@ -113,19 +113,19 @@ struct NicPort {
 enum class NicRole { compute, storage, excluded };
 
 struct Nic {
-  int index = -1;                // position in natural order of name
-  std::string name;              // OpenFabrics name ("mlx5_0"); "" when no driver is bound
+  int index = -1;    // position in natural order of name
+  std::string name;  // OpenFabrics name ("mlx5_0"); "" when no driver is bound
   PciAddress busid;
   std::uint16_t vendor_id = 0;
   std::uint16_t device_id = 0;
-  std::string netdev;            // "ibp24s0"
+  std::string netdev;  // "ibp24s0"
   int numa = -1;
   CpuSet cpus;
   PcieLink link;
   PciPath path;
   std::vector<NicPort> ports;
   NicRole role = NicRole::compute;
-  bool has_driver = true;        // false for class 0x0207 without an OpenFabrics device
+  bool has_driver = true;  // false for class 0x0207 without an OpenFabrics device
 
   bool operator==(const Nic&) const = default;
 };
@@ -140,31 +140,31 @@ struct NvSwitch {
 
 // Where the data came from, for diagnostics (R-LOAD-4).
 struct Sources {
-  std::string origin;                         // "live" or the XML/JSON path
-  std::string hwloc_api_version;              // hwloc release we were built with ("2.9.0")
-  std::string hwloc_file_version;             // hwlocVersion info of an XML, "" if none
-  bool nvml = false;                          // NVML enriched this topology
-  bool nvlink_known = false;                  // NVLink counts come from NVML or XML distances
-  std::vector<std::string> io_backends;       // osdev kinds seen: "cuda", "nvml", "opencl", ...
+  std::string origin;                    // "live" or the XML/JSON path
+  std::string hwloc_api_version;         // hwloc release we were built with ("2.9.0")
+  std::string hwloc_file_version;        // hwlocVersion info of an XML, "" if none
+  bool nvml = false;                     // NVML enriched this topology
+  bool nvlink_known = false;             // NVLink counts come from NVML or XML distances
+  std::vector<std::string> io_backends;  // osdev kinds seen: "cuda", "nvml", "opencl", ...
 
   bool operator==(const Sources&) const = default;
 };
 
 struct NodeTopology {
   std::string hostname;
-  std::string product;                        // DMIProductName, "" if unknown
+  std::string product;  // DMIProductName, "" if unknown
   Sources sources;
-  std::vector<Package> packages;              // ordered by os_index
-  std::vector<NumaNode> numa_nodes;           // ordered by os_index
-  std::vector<Core> cores;                    // ordered by first PU
-  CpuSet allowed_cpus;                        // PUs this process may use (cgroup/affinity)
-  std::vector<Gpu> gpus;                      // ordered by bus id
-  std::vector<Nic> nics;                      // ordered by natural order of name
+  std::vector<Package> packages;     // ordered by os_index
+  std::vector<NumaNode> numa_nodes;  // ordered by os_index
+  std::vector<Core> cores;           // ordered by first PU
+  CpuSet allowed_cpus;               // PUs this process may use (cgroup/affinity)
+  std::vector<Gpu> gpus;             // ordered by bus id
+  std::vector<Nic> nics;             // ordered by natural order of name
   std::vector<NvSwitch> nvswitches;
   // nvlinks[i][j] = NVLink count between gpus[i] and gpus[j]; empty when unknown (no NVML, no
   // distances); all-zero rows for GPUs without NVLink.
   std::vector<std::vector<int>> nvlinks;
-  int nvlink_per_link_mbps = 0;               // per-link, per-direction bandwidth used for NV#
+  int nvlink_per_link_mbps = 0;  // per-link, per-direction bandwidth used for NV#
   // false when devices have no locality although the machine has >1 NUMA node (VMs, BIOS
   // without _PXM): NUMA is then N/A for every device (R-LOC-1).
   bool locality_known = true;
@@ -179,5 +179,8 @@ struct NodeTopology {
 
 std::string_view to_string(NicRole role);
 std::optional<NicRole> nic_role_from_string(std::string_view text);
+
+// "mlx5_9" < "mlx5_10", "n2" < "n10": digit runs compare as numbers. Orders NICs and nodes.
+bool natural_less(std::string_view a, std::string_view b);
 
 }  // namespace topolaunch::topology

@@ -125,7 +125,4 @@ Result<RankMap> round_robin_map(const std::vector<NodeInput>& nodes, const Mappi
 // Deterministic JSON (field order fixed, no timestamps).
 std::string to_json(const RankMap& map, bool pretty = true);
 
-// "n2" < "n10": digits compare as numbers. Used for every node ordering.
-bool natural_less(std::string_view a, std::string_view b);
-
 }  // namespace topolaunch::topology
