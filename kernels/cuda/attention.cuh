@@ -1,0 +1,35 @@
+// Causal multi-head self-attention on the GPU that never materialises the (T,T) scores in memory
+// (the flash-attention schedule): the forward keeps only the output and the per-row log-sum-exp,
+// the backward recomputes the probabilities tile by tile. The CUDA twin of kernels/cpu/attention.hpp
+// with the same operand layout: qkv is (B,T,3C) with q, k, v at channel offsets 0, C, 2C, head h
+// uses channels [h*hs, (h+1)*hs), scores are scaled by 1/sqrt(hs).
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+
+namespace topolaunch::kernels::cuda {
+
+// Head sizes the kernels are built for; others get cudaErrorInvalidValue.
+bool attention_supported(std::int64_t C, std::int64_t NH);
+
+// y (B,T,C) bf16; lse (B,NH,T) fp32: natural log of the sum over keys of exp(scaled score).
+cudaError_t attention_forward(__nv_bfloat16* y, float* lse, const __nv_bfloat16* qkv,
+                              std::int64_t B, std::int64_t T, std::int64_t C, std::int64_t NH,
+                              cudaStream_t stream);
+
+// Bytes of scratch the backward needs (at most B*NH*T fp32: the row sums of dy*y).
+std::size_t attention_backward_workspace_bytes(std::int64_t B, std::int64_t T, std::int64_t C,
+                                               std::int64_t NH);
+
+// dqkv (B,T,3C) bf16 += the gradient (the graph's accumulate convention; dqkv is zeroed by the
+// plan before its first contribution). workspace: attention_backward_workspace_bytes() bytes.
+cudaError_t attention_backward(__nv_bfloat16* dqkv, void* workspace, const __nv_bfloat16* dy,
+                               const __nv_bfloat16* qkv, const __nv_bfloat16* y, const float* lse,
+                               std::int64_t B, std::int64_t T, std::int64_t C, std::int64_t NH,
+                               cudaStream_t stream);
+
+}  // namespace topolaunch::kernels::cuda
