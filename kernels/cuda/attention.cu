@@ -19,7 +19,9 @@ namespace topolaunch::kernels::cuda {
 
 // Which implementation attention_forward/attention_backward use; the test and the benchmark call
 // both through the *_with entry points below.
-enum class AttentionKernel { simple, tensor_core };
+// tensor_core: forward blocks of 128 queries (8 warps); tensor_core_m64: of 64 (4 warps); both
+// share the backward. Pointers not 16-byte aligned take the simple path.
+enum class AttentionKernel { simple, tensor_core, tensor_core_m64 };
 constexpr AttentionKernel kDefaultAttentionKernel = AttentionKernel::simple;
 
 cudaError_t attention_forward_with(AttentionKernel kind, __nv_bfloat16* y, float* lse,
@@ -264,6 +266,478 @@ cudaError_t simple_backward(bf16* dqkv, float* delta, const bf16* dy, const bf16
   return cudaGetLastError();
 }
 
+// ---- tensor_core: mma.sync m16n8k16 -------------------------------------------------------
+// Tiles of 64 rows x 64 bf16 (128 bytes a row) in shared memory; 16-byte chunk c of row r is
+// stored at chunk c ^ (r % 8), so the 8 rows an ldmatrix phase reads hit 8 different bank groups.
+constexpr int kTile = 64;
+constexpr int kTileElems = kTile * kHeadSize;
+constexpr int kBwdWarps = 4;  // 16 rows each: 64-row blocks in both backward roles
+
+__device__ __forceinline__ std::uint32_t smem_u32(const void* p) {
+  return static_cast<std::uint32_t>(__cvta_generic_to_shared(p));
+}
+// Byte offset of (row r, 16-byte chunk c) in a swizzled 64-column tile.
+__device__ __forceinline__ std::uint32_t swz(int r, int c) {
+  return static_cast<std::uint32_t>((r * kHeadSize + ((c ^ (r & 7)) << 3)) * 2);
+}
+__device__ __forceinline__ void cp_async16(std::uint32_t dst, const void* src, bool valid) {
+  // src-size 0 zero-fills the 16 bytes (rows past the end of the sequence)
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
+               "r"(valid ? 16 : 0));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+}
+__device__ __forceinline__ void ldmatrix_x4(std::uint32_t (&r)[4], std::uint32_t addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
+__device__ __forceinline__ void ldmatrix_x4_trans(std::uint32_t (&r)[4], std::uint32_t addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
+// d (16x8 fp32) += a (16x16 bf16, row) * b (16x8 bf16, col)
+__device__ __forceinline__ void mma16816(float (&d)[4], const std::uint32_t (&a)[4],
+                                         std::uint32_t b0, std::uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+      "{%8,%9}, {%0,%1,%2,%3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+__device__ __forceinline__ std::uint32_t pack_bf16(float lo, float hi) {
+  const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<const std::uint32_t*>(&v);
+}
+
+// Copies rows [r0, r0 + kRows) of a (T, 64) bf16 view with row stride ld (elements) into a
+// swizzled tile; rows at or past T are zero-filled.
+template <int kRows, int kThreads>
+__device__ __forceinline__ void load_tile(bf16* tile, const bf16* g, std::int64_t ld, int r0,
+                                          int T) {
+  const std::uint32_t base = smem_u32(tile);
+#pragma unroll
+  for (int e = threadIdx.x; e < kRows * 8; e += kThreads) {
+    const int r = e >> 3, c = e & 7, gr = r0 + r;
+    const bool ok = gr < T;
+    cp_async16(base + swz(r, c), g + static_cast<std::int64_t>(ok ? gr : 0) * ld + c * 8, ok);
+  }
+}
+// Copies n floats g[r0 .. r0+64) (4 bytes each, any alignment) into s; past T: zero.
+__device__ __forceinline__ void load_row_stats(float* s, const float* g, int r0, int T) {
+  const int i = threadIdx.x & (kTile - 1);
+  const bool ok = r0 + i < T;
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(smem_u32(s + i)),
+               "l"(g + (ok ? r0 + i : 0)), "r"(ok ? 4 : 0));
+}
+// The A operand (16 rows x 64 columns = 4 k-steps) of one warp from rows [row, row+16) of a tile.
+__device__ __forceinline__ void load_a_frags(std::uint32_t (&f)[4][4], const bf16* tile, int row,
+                                             int lane) {
+  const std::uint32_t base = smem_u32(tile);
+#pragma unroll
+  for (int k = 0; k < 4; ++k)
+    ldmatrix_x4(f[k], base + swz(row + (lane & 7) + ((lane >> 3) & 1) * 8, 2 * k + (lane >> 4)));
+}
+// acc (16 x 64) = A (16 x 64, registers) * tile^T, tile = 64 rows x 64 columns (B non-transposed:
+// the tile's rows are the output columns).
+__device__ __forceinline__ void mma_abt(float (&acc)[8][4], const std::uint32_t (&a)[4][4],
+                                        const bf16* tile, int lane) {
+  const std::uint32_t base = smem_u32(tile);
+#pragma unroll
+  for (int n = 0; n < 8; ++n) {
+    acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.f;
+#pragma unroll
+    for (int k = 0; k < 4; k += 2) {
+      std::uint32_t r[4];
+      ldmatrix_x4(r, base + swz(n * 8 + (lane & 7), 2 * k + (lane >> 3)));
+      mma16816(acc[n], a[k], r[0], r[1]);
+      mma16816(acc[n], a[k + 1], r[2], r[3]);
+    }
+  }
+}
+// acc (16 x 64) += P (16 x 64, fp32 accumulator layout, rounded to bf16) * tile (64 x 64: the
+// tile's rows are the reduction index).
+__device__ __forceinline__ void mma_pb(float (&acc)[8][4], const float (&p)[8][4], const bf16* tile,
+                                       int lane) {
+  const std::uint32_t base = smem_u32(tile);
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    const std::uint32_t a[4] = {
+        pack_bf16(p[2 * j][0], p[2 * j][1]), pack_bf16(p[2 * j][2], p[2 * j][3]),
+        pack_bf16(p[2 * j + 1][0], p[2 * j + 1][1]), pack_bf16(p[2 * j + 1][2], p[2 * j + 1][3])};
+#pragma unroll
+    for (int dn = 0; dn < 4; ++dn) {
+      std::uint32_t r[4];
+      ldmatrix_x4_trans(
+          r, base + swz(16 * j + (lane & 7) + ((lane >> 3) & 1) * 8, 2 * dn + (lane >> 4)));
+      mma16816(acc[2 * dn], a, r[0], r[1]);
+      mma16816(acc[2 * dn + 1], a, r[2], r[3]);
+    }
+  }
+}
+
+// Forward. grid (B*NH, ceil(T/kM)), block 32*kWarps; each warp owns 16 query rows. Query blocks
+// are visited last-first (blockIdx.y reversed): the longest causal rows start first. Shared
+// memory: two stages of (K, V) tiles; the Q tile is staged in stage 1 before the loop.
+template <int kWarps>
+__global__ void __launch_bounds__(kWarps * 32)
+    tc_forward_kernel(bf16* y, float* lse, const bf16* qkv, int T, int C, int NH,
+                      float scale_log2) {
+  constexpr int kM = 16 * kWarps, kThreads = 32 * kWarps;
+  static_assert(kM <= 2 * kTile, "the Q tile must fit in one (K, V) stage");
+  __shared__ __align__(128) bf16 sm[2][2][kTileElems];
+  const int bh = blockIdx.x, b = bh / NH, h = bh % NH;
+  const int q0 = (gridDim.y - 1 - blockIdx.y) * kM;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, tig = lane & 3;
+  const std::int64_t C3 = 3 * static_cast<std::int64_t>(C);
+  const bf16* qg = qkv + static_cast<std::int64_t>(b) * T * C3 + h * kHeadSize;
+  const bf16* kg = qg + C;
+  const bf16* vg = qg + 2 * C;
+  const int n_tiles = (min(q0 + kM, T) + kTile - 1) / kTile;
+
+  load_tile<kM, kThreads>(&sm[1][0][0], qg, C3, q0, T);
+  cp_async_commit();
+  load_tile<kTile, kThreads>(&sm[0][0][0], kg, C3, 0, T);
+  load_tile<kTile, kThreads>(&sm[0][1][0], vg, C3, 0, T);
+  cp_async_commit();
+  cp_async_wait<1>();
+  __syncthreads();
+  const int row_w = q0 + warp * 16;
+  std::uint32_t qf[4][4];
+  load_a_frags(qf, &sm[1][0][0], warp * 16, lane);
+  __syncthreads();
+
+  float o[8][4];
+#pragma unroll
+  for (int n = 0; n < 8; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
+  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
+  const int r0 = row_w + g;  // this thread's rows: r0 and r0 + 8
+  for (int t = 0; t < n_tiles; ++t) {
+    if (t + 1 < n_tiles) {
+      const int s1 = (t + 1) & 1;
+      load_tile<kTile, kThreads>(&sm[s1][0][0], kg, C3, (t + 1) * kTile, T);
+      load_tile<kTile, kThreads>(&sm[s1][1][0], vg, C3, (t + 1) * kTile, T);
+      cp_async_commit();
+      cp_async_wait<1>();
+    } else {
+      cp_async_wait<0>();
+    }
+    __syncthreads();
+    const int k0 = t * kTile;
+    if (k0 <= row_w + 15) {  // else every key of the tile is in this warp's future
+      float s[8][4];
+      mma_abt(s, qf, &sm[t & 1][0][0], lane);
+      const bool diag = k0 + kTile - 1 > row_w;
+      float mx[2] = {m[0], m[1]};
+#pragma unroll
+      for (int n = 0; n < 8; ++n) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          float v = s[n][e] * scale_log2;
+          if (diag && k0 + n * 8 + 2 * tig + (e & 1) > r0 + (e >> 1) * 8) v = -INFINITY;
+          s[n][e] = v;
+          mx[e >> 1] = fmaxf(mx[e >> 1], v);
+        }
+      }
+      float corr[2];
+#pragma unroll
+      for (int i = 0; i < 2; ++i) {
+        mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], 1));
+        mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], 2));
+        corr[i] = exp2f(m[i] - mx[i]);  // key 0 is in tile 0 for every row: mx is finite
+        m[i] = mx[i];
+        l[i] *= corr[i];
+      }
+#pragma unroll
+      for (int n = 0; n < 8; ++n) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const float p = exp2f(s[n][e] - m[e >> 1]);
+          s[n][e] = p;
+          l[e >> 1] += p;
+          o[n][e] *= corr[e >> 1];
+        }
+      }
+      mma_pb(o, s, &sm[t & 1][1][0], lane);
+    }
+    __syncthreads();
+  }
+  bf16* yb = y + static_cast<std::int64_t>(b) * T * C + h * kHeadSize;
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    l[i] += __shfl_xor_sync(0xffffffffu, l[i], 1);
+    l[i] += __shfl_xor_sync(0xffffffffu, l[i], 2);
+    const int r = r0 + 8 * i;
+    if (r >= T) continue;
+    const float inv = 1.f / l[i];
+#pragma unroll
+    for (int n = 0; n < 8; ++n)
+      *reinterpret_cast<__nv_bfloat162*>(yb + static_cast<std::int64_t>(r) * C + n * 8 + 2 * tig) =
+          __floats2bfloat162_rn(o[n][2 * i] * inv, o[n][2 * i + 1] * inv);
+    if (tig == 0) lse[static_cast<std::int64_t>(bh) * T + r] = (m[i] + log2f(l[i])) * kLn2;
+  }
+}
+
+// delta[bh, t] = sum_i dy[b,t,h,i] * y[b,t,h,i]: 8 threads (16 bytes each) per 64-wide row.
+// (b, t, h) rows are contiguous in dy and y because C = NH * 64.
+__global__ void tc_delta_kernel(float* delta, const bf16* dy, const bf16* y, std::int64_t rows,
+                                int T, int NH) {
+  const std::int64_t idx = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x;
+  const std::int64_t row = idx >> 3;
+  float d = 0.f;
+  if (row < rows) {
+    const uint4 a = *reinterpret_cast<const uint4*>(dy + idx * 8);
+    const uint4 c = *reinterpret_cast<const uint4*>(y + idx * 8);
+    const __nv_bfloat162* a2 = reinterpret_cast<const __nv_bfloat162*>(&a);
+    const __nv_bfloat162* c2 = reinterpret_cast<const __nv_bfloat162*>(&c);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const float2 fa = __bfloat1622float2(a2[i]), fc = __bfloat1622float2(c2[i]);
+      d += fa.x * fc.x + fa.y * fc.y;
+    }
+  }
+  d += __shfl_xor_sync(0xffffffffu, d, 1);
+  d += __shfl_xor_sync(0xffffffffu, d, 2);
+  d += __shfl_xor_sync(0xffffffffu, d, 4);
+  if (row < rows && (idx & 7) == 0) {
+    const int h = static_cast<int>(row % NH);
+    const std::int64_t bt = row / NH, b = bt / T, t = bt % T;
+    delta[(b * NH + h) * T + t] = d;
+  }
+}
+
+// Adds a warp's 16 x 64 fp32 accumulator (times scale) into bf16 rows [row, row+16) of a
+// (T, 64) view with row stride ld; rows at or past T are skipped.
+__device__ __forceinline__ void add_rows_bf16(bf16* g, std::int64_t ld, int row, int T,
+                                              const float (&acc)[8][4], float scale, int lane) {
+  const int g8 = lane >> 2, tig = lane & 3;
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    const int r = row + g8 + 8 * i;
+    if (r >= T) continue;
+#pragma unroll
+    for (int n = 0; n < 8; ++n) {
+      auto* p = reinterpret_cast<__nv_bfloat162*>(g + static_cast<std::int64_t>(r) * ld + n * 8 +
+                                                  2 * tig);
+      const float2 old = __bfloat1622float2(*p);
+      *p = __floats2bfloat162_rn(old.x + acc[n][2 * i] * scale, old.y + acc[n][2 * i + 1] * scale);
+    }
+  }
+}
+
+struct BwdArgs {
+  bf16* dqkv;
+  const float* delta;
+  const bf16* dy;
+  const bf16* qkv;
+  const float* lse;
+  int T, C, NH;
+  float scale_log2, scale;
+};
+
+// dK, dV of key block kb: K and V fragments in registers, (Q, dO, lse, delta) tiles of the
+// queries at or after the block streamed through two stages; computes S^T and dP^T directly
+// (keys as rows) so that P^T and dS^T are already the A operands of dV += P^T dO, dK += dS^T Q.
+__device__ __forceinline__ void tc_dkdv(const BwdArgs& a, int bh, int kb, bf16 (*sm)[2][kTileElems],
+                                        float (*stat)[2][kTile]) {
+  constexpr int kThreads = 32 * kBwdWarps;
+  const int b = bh / a.NH, h = bh % a.NH, T = a.T;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, tig = lane & 3;
+  const std::int64_t C3 = 3 * static_cast<std::int64_t>(a.C);
+  const bf16* qg = a.qkv + static_cast<std::int64_t>(b) * T * C3 + h * kHeadSize;
+  const bf16* dog = a.dy + static_cast<std::int64_t>(b) * T * a.C + h * kHeadSize;
+  const float* lseg = a.lse + static_cast<std::int64_t>(bh) * T;
+  const float* dlg = a.delta + static_cast<std::int64_t>(bh) * T;
+  const int key0 = kb * kTile, key_w = key0 + warp * 16;
+  const int n_q = (T + kTile - 1) / kTile;
+
+  load_tile<kTile, kThreads>(&sm[1][0][0], qg + a.C, C3, key0, T);
+  load_tile<kTile, kThreads>(&sm[1][1][0], qg + 2 * a.C, C3, key0, T);
+  cp_async_commit();
+  auto load_queries = [&](int stage, int tile) {
+    const int i0 = tile * kTile;
+    load_tile<kTile, kThreads>(&sm[stage][0][0], qg, C3, i0, T);
+    load_tile<kTile, kThreads>(&sm[stage][1][0], dog, a.C, i0, T);
+    load_row_stats(threadIdx.x < kTile ? &stat[stage][0][0] : &stat[stage][1][0],
+                   threadIdx.x < kTile ? lseg : dlg, i0, T);
+    cp_async_commit();
+  };
+  load_queries(0, kb);
+  cp_async_wait<1>();
+  __syncthreads();
+  std::uint32_t kf[4][4], vf[4][4];
+  load_a_frags(kf, &sm[1][0][0], warp * 16, lane);
+  load_a_frags(vf, &sm[1][1][0], warp * 16, lane);
+  __syncthreads();
+
+  float dk[8][4], dv[8][4];
+#pragma unroll
+  for (int n = 0; n < 8; ++n)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) dk[n][e] = dv[n][e] = 0.f;
+  const int kr0 = key_w + g;  // this thread's keys: kr0 and kr0 + 8
+  for (int t = kb; t < n_q; ++t) {
+    const int st = (t - kb) & 1;
+    if (t + 1 < n_q) {
+      load_queries(st ^ 1, t + 1);
+      cp_async_wait<1>();
+    } else {
+      cp_async_wait<0>();
+    }
+    __syncthreads();
+    const int i0 = t * kTile;
+    if (i0 + kTile - 1 >= key_w) {  // else every query of the tile precedes this warp's keys
+      float s[8][4], dp[8][4];
+      mma_abt(s, kf, &sm[st][0][0], lane);
+      mma_abt(dp, vf, &sm[st][1][0], lane);
+      const bool diag = t == kb, tail = i0 + kTile > T;
+#pragma unroll
+      for (int n = 0; n < 8; ++n) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int qc = n * 8 + 2 * tig + (e & 1), q = i0 + qc;
+          const float lse2 = stat[st][0][qc] * kLog2e, dl = stat[st][1][qc];
+          float p = exp2f(s[n][e] * a.scale_log2 - lse2);
+          if ((diag && q < kr0 + (e >> 1) * 8) || (tail && q >= T)) p = 0.f;
+          s[n][e] = p;
+          dp[n][e] = p * (dp[n][e] - dl);
+        }
+      }
+      mma_pb(dv, s, &sm[st][1][0], lane);
+      mma_pb(dk, dp, &sm[st][0][0], lane);
+    }
+    __syncthreads();
+  }
+  add_rows_bf16(a.dqkv + static_cast<std::int64_t>(b) * T * C3 + a.C + h * kHeadSize, C3, key_w, T,
+                dk, a.scale, lane);
+  add_rows_bf16(a.dqkv + static_cast<std::int64_t>(b) * T * C3 + 2 * a.C + h * kHeadSize, C3, key_w,
+                T, dv, 1.f, lane);
+}
+
+// dQ of query block qb: Q and dO fragments in registers, (K, V) tiles of the keys at or before the
+// block streamed through two stages; dQ += dS K.
+__device__ __forceinline__ void tc_dq(const BwdArgs& a, int bh, int qb, bf16 (*sm)[2][kTileElems]) {
+  constexpr int kThreads = 32 * kBwdWarps;
+  const int b = bh / a.NH, h = bh % a.NH, T = a.T;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, tig = lane & 3;
+  const std::int64_t C3 = 3 * static_cast<std::int64_t>(a.C);
+  const bf16* qg = a.qkv + static_cast<std::int64_t>(b) * T * C3 + h * kHeadSize;
+  const bf16* kg = qg + a.C;
+  const bf16* vg = qg + 2 * a.C;
+  const bf16* dog = a.dy + static_cast<std::int64_t>(b) * T * a.C + h * kHeadSize;
+  const int q0 = qb * kTile, row_w = q0 + warp * 16, r0 = row_w + g;
+  const int n_k = (min(q0 + kTile, T) + kTile - 1) / kTile;
+
+  load_tile<kTile, kThreads>(&sm[1][0][0], qg, C3, q0, T);
+  load_tile<kTile, kThreads>(&sm[1][1][0], dog, a.C, q0, T);
+  cp_async_commit();
+  load_tile<kTile, kThreads>(&sm[0][0][0], kg, C3, 0, T);
+  load_tile<kTile, kThreads>(&sm[0][1][0], vg, C3, 0, T);
+  cp_async_commit();
+  float lse2[2], dl[2];
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    const int r = r0 + 8 * i;
+    lse2[i] = r < T ? a.lse[static_cast<std::int64_t>(bh) * T + r] * kLog2e : 0.f;
+    dl[i] = r < T ? a.delta[static_cast<std::int64_t>(bh) * T + r] : 0.f;
+  }
+  cp_async_wait<1>();
+  __syncthreads();
+  std::uint32_t qf[4][4], dof[4][4];
+  load_a_frags(qf, &sm[1][0][0], warp * 16, lane);
+  load_a_frags(dof, &sm[1][1][0], warp * 16, lane);
+  __syncthreads();
+
+  float dq[8][4];
+#pragma unroll
+  for (int n = 0; n < 8; ++n) dq[n][0] = dq[n][1] = dq[n][2] = dq[n][3] = 0.f;
+  for (int t = 0; t < n_k; ++t) {
+    if (t + 1 < n_k) {
+      const int s1 = (t + 1) & 1;
+      load_tile<kTile, kThreads>(&sm[s1][0][0], kg, C3, (t + 1) * kTile, T);
+      load_tile<kTile, kThreads>(&sm[s1][1][0], vg, C3, (t + 1) * kTile, T);
+      cp_async_commit();
+      cp_async_wait<1>();
+    } else {
+      cp_async_wait<0>();
+    }
+    __syncthreads();
+    const int k0 = t * kTile;
+    if (k0 <= row_w + 15) {
+      float s[8][4], dp[8][4];
+      mma_abt(s, qf, &sm[t & 1][0][0], lane);
+      mma_abt(dp, dof, &sm[t & 1][1][0], lane);
+      const bool diag = k0 + kTile - 1 > row_w;
+#pragma unroll
+      for (int n = 0; n < 8; ++n) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          float p = exp2f(s[n][e] * a.scale_log2 - lse2[e >> 1]);
+          if (diag && k0 + n * 8 + 2 * tig + (e & 1) > r0 + (e >> 1) * 8) p = 0.f;
+          dp[n][e] = p * (dp[n][e] - dl[e >> 1]);
+        }
+      }
+      mma_pb(dq, dp, &sm[t & 1][0][0], lane);
+    }
+    __syncthreads();
+  }
+  add_rows_bf16(a.dqkv + static_cast<std::int64_t>(b) * T * C3 + h * kHeadSize, C3, row_w, T, dq,
+                a.scale, lane);
+}
+
+// One launch for both backward roles so that they fill each other's tails: grid (B*NH, 2*nb),
+// even blockIdx.y = dK/dV of key block y/2 (block 0 has the most queries), odd = dQ of query
+// block nb-1-y/2 (the last has the most keys): the heaviest blocks of both roles start first.
+__global__ void __launch_bounds__(kBwdWarps * 32) tc_backward_kernel(BwdArgs a) {
+  __shared__ __align__(128) bf16 sm[2][2][kTileElems];
+  __shared__ __align__(16) float stat[2][2][kTile];
+  const int nb = static_cast<int>(gridDim.y / 2), idx = static_cast<int>(blockIdx.y >> 1);
+  if (blockIdx.y & 1)
+    tc_dq(a, static_cast<int>(blockIdx.x), nb - 1 - idx, sm);
+  else
+    tc_dkdv(a, static_cast<int>(blockIdx.x), idx, sm, stat);
+}
+
+bool aligned16(const void* p) { return (reinterpret_cast<std::uintptr_t>(p) & 15u) == 0; }
+
+template <int kWarps>
+cudaError_t tc_forward(bf16* y, float* lse, const bf16* qkv, std::int64_t B, std::int64_t T,
+                       std::int64_t C, std::int64_t NH, cudaStream_t stream) {
+  constexpr int kM = 16 * kWarps;
+  const dim3 grid(static_cast<unsigned>(B * NH), static_cast<unsigned>((T + kM - 1) / kM));
+  const float scale_log2 = kLog2e / std::sqrt(static_cast<float>(kHeadSize));
+  tc_forward_kernel<kWarps><<<grid, kWarps * 32, 0, stream>>>(
+      y, lse, qkv, static_cast<int>(T), static_cast<int>(C), static_cast<int>(NH), scale_log2);
+  return cudaGetLastError();
+}
+
+cudaError_t tc_backward(bf16* dqkv, float* delta, const bf16* dy, const bf16* qkv, const bf16* y,
+                        const float* lse, std::int64_t B, std::int64_t T, std::int64_t C,
+                        std::int64_t NH, cudaStream_t stream) {
+  const std::int64_t rows = B * T * NH;
+  tc_delta_kernel<<<static_cast<unsigned>((rows * 8 + 255) / 256), 256, 0, stream>>>(
+      delta, dy, y, rows, static_cast<int>(T), static_cast<int>(NH));
+  const float scale = 1.f / std::sqrt(static_cast<float>(kHeadSize));
+  const BwdArgs args{dqkv,
+                     delta,
+                     dy,
+                     qkv,
+                     lse,
+                     static_cast<int>(T),
+                     static_cast<int>(C),
+                     static_cast<int>(NH),
+                     scale * kLog2e,
+                     scale};
+  const dim3 grid(static_cast<unsigned>(B * NH),
+                  static_cast<unsigned>(2 * ((T + kTile - 1) / kTile)));
+  tc_backward_kernel<<<grid, kBwdWarps * 32, 0, stream>>>(args);
+  return cudaGetLastError();
+}
+
 }  // namespace
 
 bool attention_supported(std::int64_t C, std::int64_t NH) {
@@ -284,7 +758,10 @@ cudaError_t attention_forward_with(AttentionKernel kind, bf16* y, float* lse, co
     case AttentionKernel::simple:
       return simple_forward(y, lse, qkv, B, T, C, NH, stream);
     case AttentionKernel::tensor_core:
-      return cudaErrorNotSupported;
+    case AttentionKernel::tensor_core_m64:
+      if (!aligned16(y) || !aligned16(qkv)) return simple_forward(y, lse, qkv, B, T, C, NH, stream);
+      return kind == AttentionKernel::tensor_core ? tc_forward<8>(y, lse, qkv, B, T, C, NH, stream)
+                                                  : tc_forward<4>(y, lse, qkv, B, T, C, NH, stream);
   }
   return cudaErrorInvalidValue;
 }
@@ -299,7 +776,10 @@ cudaError_t attention_backward_with(AttentionKernel kind, bf16* dqkv, void* work
     case AttentionKernel::simple:
       return simple_backward(dqkv, delta, dy, qkv, y, lse, B, T, C, NH, stream);
     case AttentionKernel::tensor_core:
-      return cudaErrorNotSupported;
+    case AttentionKernel::tensor_core_m64:
+      if (!aligned16(dqkv) || !aligned16(dy) || !aligned16(qkv) || !aligned16(y))
+        return simple_backward(dqkv, delta, dy, qkv, y, lse, B, T, C, NH, stream);
+      return tc_backward(dqkv, delta, dy, qkv, y, lse, B, T, C, NH, stream);
   }
   return cudaErrorInvalidValue;
 }

@@ -13,6 +13,43 @@ FLAGS=(-std=c++20 -O2 -gencode=arch=compute_90,code=sm_90 --extended-lambda
        -Xcompiler=-fopenmp -Ikernels/include -Itopology/include -Ikernels/cpu -Ikernels/cuda)
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm --format=csv | tee "$OUT/gpu.txt"
 "$NVCC" --version | tail -1 | tee -a "$OUT/gpu.txt"
+
+# Attention (kernels/cuda/attention.cu): its test against the CPU reference, a compute-sanitizer
+# pass on the small shapes, and the benchmark against PyTorch SDPA. ONLY=attention runs just this.
+run_attention() {
+  local rc
+  "$NVCC" "${FLAGS[@]}" -Xptxas -v -c kernels/cuda/attention.cu -o "$BUILD/attention.o" \
+    > "$OUT/attention_ptxas.log" 2>&1 &
+  "$NVCC" "${FLAGS[@]}" -c tests/gpu/test_attention.cu -o "$BUILD/test_attention.o" &
+  "$NVCC" "${FLAGS[@]}" -c tests/bench/kernels/attention_bench.cu -o "$BUILD/attention_bench.o" &
+  wait
+  "$NVCC" "${FLAGS[@]}" "$BUILD/test_attention.o" "$BUILD/attention.o" -o "$BUILD/test_attention" \
+    || { echo "build of test_attention failed"; cat "$OUT/attention_ptxas.log"; return 3; }
+  "$NVCC" "${FLAGS[@]}" "$BUILD/attention_bench.o" "$BUILD/attention.o" \
+    -o "$BUILD/attention_bench" || { echo "build of attention_bench failed"; return 3; }
+  cuobjdump --dump-sass "$BUILD/attention.o" 2>/dev/null | grep -c HMMA > "$OUT/attention_hmma_count.txt"
+  echo "=== test_attention"
+  "$BUILD/test_attention" 2>&1 | tee "$OUT/test_attention.log"
+  rc=${PIPESTATUS[0]}
+  echo "test_attention exit status: $rc"
+  echo "=== compute-sanitizer memcheck test_attention quick"
+  local san
+  san=$(command -v compute-sanitizer || echo "$(dirname "$NVCC")/compute-sanitizer")
+  timeout 120 "$san" --tool memcheck "$BUILD/test_attention" quick \
+    > "$OUT/test_attention_memcheck.log" 2>&1
+  echo "memcheck exit status: $?"; tail -3 "$OUT/test_attention_memcheck.log"
+  echo "=== attention_bench T=1024 B=16,64"
+  "$BUILD/attention_bench" 1024 16 64 | tee "$OUT/attention_ours.json" || return 4
+  PYTHONUNBUFFERED=1 python3 tests/bench/kernels/attention_torch.py "$OUT/attention_ours.json" \
+    > "$OUT/attention_bench.json" 2> "$OUT/attention_torch.err"
+  [ $? -eq 0 ] || tail -20 "$OUT/attention_torch.err"
+  cat "$OUT/attention_bench.json"
+  return "$rc"
+}
+if [ "${ONLY:-}" = attention ]; then
+  run_attention
+  exit $?
+fi
 "$NVCC" "${FLAGS[@]}" -c kernels/cuda/kernels.cu -o "$BUILD/kernels.o" &
 "$NVCC" "${FLAGS[@]}" -c kernels/cuda/matmul.cu -o "$BUILD/matmul.o" &
 "$NVCC" "${FLAGS[@]}" -c tests/gpu/test_cuda_kernels.cu -o "$BUILD/test.o" 2>/dev/null &
@@ -34,4 +71,7 @@ PYTHONUNBUFFERED=1 python3 tests/bench/kernels/gpu_layer_torch.py "$OUT/gpu_laye
 torch_rc=$?
 cat "$OUT/gpu_layer_bench.json"
 [ $torch_rc -eq 0 ] || tail -20 "$OUT/gpu_layer_torch.err"
+run_attention
+attention_rc=$?
+[ "$test_rc" -ne 0 ] || test_rc=$attention_rc
 exit "$test_rc"

@@ -1,0 +1,150 @@
+// Times our causal attention (kernels/cuda/attention.cu) on GPT-2 124M shapes: T, NH=12, hs=64,
+// for the given batch sizes: forward (y, lse) and backward (delta + dK/dV + dQ, accumulating into
+// dqkv), each implementation, CUDA events, median of reps. Prints one JSON object on stdout;
+// attention_torch.py adds PyTorch's scaled_dot_product_attention from the same device run.
+// Usage: attention_bench [T] [B...]    (default: 1024 16 64)
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "attention.cuh"
+
+namespace topolaunch::kernels::cuda {
+// The implementation selector of attention.cu (declared there; not part of attention.cuh).
+enum class AttentionKernel { simple, tensor_core, tensor_core_m64 };
+cudaError_t attention_forward_with(AttentionKernel kind, __nv_bfloat16* y, float* lse,
+                                   const __nv_bfloat16* qkv, std::int64_t B, std::int64_t T,
+                                   std::int64_t C, std::int64_t NH, cudaStream_t stream);
+cudaError_t attention_backward_with(AttentionKernel kind, __nv_bfloat16* dqkv, void* workspace,
+                                    const __nv_bfloat16* dy, const __nv_bfloat16* qkv,
+                                    const __nv_bfloat16* y, const float* lse, std::int64_t B,
+                                    std::int64_t T, std::int64_t C, std::int64_t NH,
+                                    cudaStream_t stream);
+}  // namespace topolaunch::kernels::cuda
+
+namespace gpu = topolaunch::kernels::cuda;
+using bf16 = __nv_bfloat16;
+
+namespace {
+
+void check(cudaError_t e, const char* what) {
+  if (e != cudaSuccess) {
+    std::fprintf(stderr, "attention_bench: %s: %s\n", what, cudaGetErrorString(e));
+    std::exit(1);
+  }
+}
+
+__global__ void fill_kernel(bf16* p, std::int64_t n, std::uint32_t seed, float scale) {
+  const std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x;
+  if (i >= n) return;
+  std::uint32_t h = static_cast<std::uint32_t>(i) * 2654435761u ^ seed;
+  h ^= h >> 15;
+  h *= 2246822519u;
+  h ^= h >> 13;
+  p[i] = __float2bfloat16((static_cast<float>(h & 0xffffff) / 16777216.0f - 0.5f) * 2 * scale);
+}
+void fill(bf16* p, std::int64_t n, std::uint32_t seed, float scale) {
+  fill_kernel<<<static_cast<unsigned>((n + 255) / 256), 256>>>(p, n, seed, scale);
+  check(cudaGetLastError(), "fill");
+}
+
+struct Timing {
+  double median_ms, min_ms;
+};
+Timing time_it(int reps, const std::function<void()>& launch) {
+  cudaEvent_t a, b;
+  check(cudaEventCreate(&a), "event");
+  check(cudaEventCreate(&b), "event");
+  for (int i = 0; i < 3; ++i) launch();  // warm-up
+  check(cudaDeviceSynchronize(), "warm-up");
+  std::vector<double> ms;
+  for (int i = 0; i < reps; ++i) {
+    check(cudaEventRecord(a), "record");
+    launch();
+    check(cudaEventRecord(b), "record");
+    check(cudaEventSynchronize(b), "sync");
+    float t = 0;
+    check(cudaEventElapsedTime(&t, a, b), "elapsed");
+    ms.push_back(t);
+  }
+  cudaEventDestroy(a);
+  cudaEventDestroy(b);
+  std::sort(ms.begin(), ms.end());
+  return {ms[ms.size() / 2], ms[0]};
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const std::int64_t T = argc > 1 ? std::atoll(argv[1]) : 1024;
+  std::vector<std::int64_t> batches;
+  for (int i = 2; i < argc; ++i) batches.push_back(std::atoll(argv[i]));
+  if (batches.empty()) batches = {16, 64};
+  const std::int64_t NH = 12, C = 768, hs = 64;
+  cudaDeviceProp prop{};
+  check(cudaGetDeviceProperties(&prop, 0), "properties");
+  std::printf("{\n \"device\": \"%s\", \"T\": %lld, \"NH\": %lld, \"hs\": %lld,\n", prop.name,
+              static_cast<long long>(T), static_cast<long long>(NH), static_cast<long long>(hs));
+  std::printf(
+      " \"note\": \"causal; fwd = y + lse; bwd = delta + dK/dV + dQ accumulated into dqkv "
+      "(B,T,3C); "
+      "median of reps, CUDA events; tflops counts the causal half: fwd 2, bwd 5 matmuls of "
+      "2*B*NH*T*T/2*hs\",\n \"runs\": [");
+  const struct {
+    gpu::AttentionKernel kind;
+    const char* name;
+  } kinds[] = {{gpu::AttentionKernel::tensor_core, "tensor_core"},
+               {gpu::AttentionKernel::tensor_core_m64, "tensor_core_m64"},
+               {gpu::AttentionKernel::simple, "simple"}};
+  bool first = true;
+  for (const std::int64_t B : batches) {
+    const std::int64_t n_qkv = B * T * 3 * C, n_y = B * T * C;
+    bf16 *qkv, *y, *dy, *dqkv;
+    float* lse;
+    void* ws;
+    check(cudaMalloc(&qkv, n_qkv * sizeof(bf16)), "malloc");
+    check(cudaMalloc(&dqkv, n_qkv * sizeof(bf16)), "malloc");
+    check(cudaMalloc(&y, n_y * sizeof(bf16)), "malloc");
+    check(cudaMalloc(&dy, n_y * sizeof(bf16)), "malloc");
+    check(cudaMalloc(&lse, B * NH * T * sizeof(float)), "malloc");
+    check(cudaMalloc(&ws, gpu::attention_backward_workspace_bytes(B, T, C, NH)), "malloc");
+    fill(qkv, n_qkv, 1, 2.0f);
+    fill(dy, n_y, 2, 1.0f);
+    check(cudaMemset(dqkv, 0, n_qkv * sizeof(bf16)), "memset");
+    const double gflop_unit = 2.0 * B * NH * T * T / 2 * hs / 1e9;  // one causal matmul
+    for (const auto& k : kinds) {
+      const int reps = k.kind == gpu::AttentionKernel::simple ? 5 : 30;
+      const Timing f = time_it(reps, [&] {
+        check(gpu::attention_forward_with(k.kind, y, lse, qkv, B, T, C, NH, nullptr), "forward");
+      });
+      const Timing b = time_it(reps, [&] {
+        check(gpu::attention_backward_with(k.kind, dqkv, ws, dy, qkv, y, lse, B, T, C, NH, nullptr),
+              "backward");
+      });
+      check(cudaDeviceSynchronize(), "run");
+      std::printf(
+          "%s\n  {\"impl\": \"%s\", \"B\": %lld, \"fwd_median_ms\": %.4f, \"fwd_min_ms\": %.4f, "
+          "\"bwd_median_ms\": %.4f, \"bwd_min_ms\": %.4f, \"fwd_tflops\": %.1f, "
+          "\"bwd_tflops\": %.1f}",
+          first ? "" : ",", k.name, static_cast<long long>(B), f.median_ms, f.min_ms, b.median_ms,
+          b.min_ms, 2 * gflop_unit / f.median_ms, 5 * gflop_unit / b.median_ms);
+      first = false;
+      std::fflush(stdout);
+    }
+    cudaFree(qkv);
+    cudaFree(dqkv);
+    cudaFree(y);
+    cudaFree(dy);
+    cudaFree(lse);
+    cudaFree(ws);
+  }
+  std::printf("\n ]\n}\n");
+  return 0;
+}
