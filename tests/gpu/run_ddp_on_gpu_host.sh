@@ -1,0 +1,89 @@
+#!/usr/bin/env bash
+# Builds and runs, on a 2-GPU H200 host, the NCCL communicator's test (tests/gpu/test_nccl.cpp)
+# and the all-reduce benchmark against PyTorch (tests/bench/kernels/allreduce_{bench.cpp,torch.py}).
+# Run from the repository root. Builds with g++ directly: the GPU host lacks toml++, CLI11 and our
+# Catch2 version, and these programs need none of them (wireup's TCP store + NCCL + cudart only).
+#
+# OpenSSL (wireup's HMAC): the host's headers when it has them, else the copy carried in
+# build-nccl/openssl/include (OpenSSL 3.0 headers from the Debian build host); libcrypto.so.3 from
+# the host, else build-nccl/openssl/lib. Writes logs and JSON to $OUT (default build-gpu-nccl/out),
+# at most 8 files (the device tool's limit).
+set -uo pipefail
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+OUT=${OUT:-build-gpu-nccl/out}
+BUILD=build-gpu-nccl
+mkdir -p "$BUILD/obj" "$BUILD/logs" "$OUT"
+CXX=${CXX:-g++}
+CUDA=${CUDA:-/usr/local/cuda}
+
+{
+  nvidia-smi --query-gpu=index,name,driver_version,clocks.sm,clocks.max.sm,memory.used --format=csv
+  nvidia-smi topo -m
+  echo "NCCL_NVLS_ENABLE=$NCCL_NVLS_ENABLE TORCH_SYMM_MEM_DISABLE_MULTICAST=$TORCH_SYMM_MEM_DISABLE_MULTICAST"
+  grep -h "define NCCL_\(MAJOR\|MINOR\|PATCH\)" /usr/include/nccl.h "$CUDA/include/nccl.h" 2>/dev/null
+  $CXX --version | head -1
+} > "$OUT/gpu.txt" 2>&1
+cat "$OUT/gpu.txt"
+
+SSL_INC=()
+if ! echo '#include <openssl/hmac.h>' | $CXX -x c++ -fsyntax-only - 2>/dev/null; then
+  echo "no OpenSSL headers on this host: using build-nccl/openssl/include"
+  SSL_INC=(-Ibuild-nccl/openssl/include)
+fi
+CRYPTO=/usr/lib/x86_64-linux-gnu/libcrypto.so.3
+RPATH=()
+if [ ! -e "$CRYPTO" ]; then
+  echo "no libcrypto.so.3 on this host: using build-nccl/openssl/lib"
+  CRYPTO=build-nccl/openssl/lib/libcrypto.so.3
+  RPATH=(-Wl,-rpath,"$PWD/build-nccl/openssl/lib")
+fi
+
+FLAGS=(-std=c++20 -O2 -pthread -Iwireup/include -Iwireup/src -Itopology/include -Ikernels/include
+       -Ikernels/cpu -Ikernels/cuda -Itests/gpu -I"$CUDA/include" "${SSL_INC[@]}")
+JOBS=${JOBS:-$(nproc)}
+compile() {  # compile SRC OBJ, at most JOBS at a time
+  while [ "$(jobs -rp | wc -l)" -ge "$JOBS" ]; do wait -n; done
+  $CXX "${FLAGS[@]}" -c "$1" -o "$2" || touch "$BUILD/obj/FAILED" &
+}
+rm -f "$BUILD/obj/FAILED"
+for f in auth backend frame net pmi2_codec pmi2_store pmix_store tcp_client tcp_server; do
+  compile "wireup/src/$f.cpp" "$BUILD/obj/wireup_$f.o"
+done
+compile kernels/cuda/nccl_communicator.cpp "$BUILD/obj/nccl.o"
+compile kernels/cuda/nccl_communicator_env.cpp "$BUILD/obj/nccl_env.o"
+compile tests/gpu/test_nccl.cpp "$BUILD/obj/test_nccl.o"
+compile tests/bench/kernels/allreduce_bench.cpp "$BUILD/obj/bench.o"
+wait
+[ ! -e "$BUILD/obj/FAILED" ] || { echo "compile failed"; exit 3; }
+LIBS=("$BUILD"/obj/wireup_*.o "$BUILD/obj/nccl.o" "$BUILD/obj/nccl_env.o" -L"$CUDA/lib64"
+      -lnccl -lcudart "$CRYPTO" "${RPATH[@]}" -pthread)
+$CXX -o "$BUILD/test_nccl" "$BUILD/obj/test_nccl.o" "${LIBS[@]}" || { echo "link test_nccl failed"; exit 3; }
+$CXX -o "$BUILD/allreduce_bench" "$BUILD/obj/bench.o" "${LIBS[@]}" || { echo "link bench failed"; exit 3; }
+
+echo "=== test_nccl"
+TEST_NCCL_LOG_DIR="$BUILD/logs" timeout 300 "$BUILD/test_nccl" 2>&1 | tee "$OUT/test_nccl.log" | grep -E "^(FAIL|PASS|test_nccl|error after|after)"
+test_rc=${PIPESTATUS[0]}
+echo "test_nccl exit status: $test_rc"
+
+echo "=== allreduce_bench (ours) 1 MiB .. 1 GiB"
+timeout 300 "$BUILD/allreduce_bench" --out "$OUT/allreduce_ours.json" 2> "$BUILD/logs/bench.err"
+bench_rc=$?
+tail -12 "$BUILD/logs/bench.err"
+if [ $bench_rc -eq 0 ]; then
+  echo "=== allreduce_torch (torch.distributed, NCCL)"
+  PYTHONUNBUFFERED=1 timeout 240 python3 tests/bench/kernels/allreduce_torch.py "$OUT/allreduce_ours.json" \
+    > "$OUT/allreduce_bench.json" 2> "$OUT/allreduce_torch.err"
+  torch_rc=$?
+  python3 - "$OUT/allreduce_bench.json" <<'EOF' || tail -20 "$OUT/allreduce_torch.err"
+import json, sys
+d = json.load(open(sys.argv[1]))
+print("ours nccl", d["ours"]["nccl_version"], "| torch", d["torch"]["version"], "nccl", d["torch"]["nccl_version"])
+print(f'{"MiB":>6} {"ours busbw":>11} {"torch busbw":>12} {"ratio":>6} {"ours call ms":>13}')
+for r in d["rows"]:
+    print(f'{r["mib"]:6.0f} {r["ours_busbw_GBps"]:11.1f} {r["torch_busbw_GBps"]:12.1f} {r["ratio_busbw_ours_over_torch"]:6.3f} {r["ours_per_call_event_ms_median"]:13.4f}')
+EOF
+  echo "allreduce_torch exit status: $torch_rc"
+else
+  echo "allreduce_bench failed (exit $bench_rc)"; cat "$BUILD/logs/bench.err" | tail -30
+fi
+exit "$test_rc"
