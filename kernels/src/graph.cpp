@@ -185,6 +185,10 @@ struct Builder {
   TensorId act(const std::string& name, std::vector<std::int64_t> shape) {
     return g.add_tensor(name, std::move(shape), g.precision.activation, Role::activation);
   }
+  // LayerNorm mean/rstd, attention log-sum-exp, per-token losses.
+  TensorId stat(const std::string& name, std::vector<std::int64_t> shape) {
+    return g.add_tensor(name, std::move(shape), g.precision.statistics(), Role::activation);
+  }
   void op(OpKind kind, const std::string& name, std::vector<TensorId> in,
           std::vector<TensorId> out) {
     Op o{kind};
@@ -199,7 +203,7 @@ struct Builder {
     g.scalars = g.add_tensor("scalars", {kNumScalars}, g.precision.optimizer, Role::input);
   }
   void classifier(TensorId logits, std::int64_t B, std::int64_t T, std::int64_t V) {
-    g.losses = act("losses", {B, T});
+    g.losses = stat("losses", {B, T});
     Op o{OpKind::crossentropy_forward};
     o.name = "crossentropy";
     o.inputs = {logits, g.targets};
@@ -237,26 +241,26 @@ Graph build_gpt2(const GptConfig& c, const Precision& precision) {
     TensorId fcprojw = b.param(p + "fcprojw", {C, 4 * C}, true),
              fcprojb = b.param(p + "fcprojb", {C}, false);
 
-    TensorId ln1 = b.act(p + "ln1", {B, T, C}), ln1m = b.act(p + "ln1_mean", {B * T}),
-             ln1r = b.act(p + "ln1_rstd", {B * T});
+    TensorId ln1 = b.act(p + "ln1", {B, T, C}), ln1m = b.stat(p + "ln1_mean", {B * T}),
+             ln1r = b.stat(p + "ln1_rstd", {B * T});
     b.op(OpKind::layernorm_forward, p + "ln1", {x, ln1w, ln1b}, {ln1, ln1m, ln1r});
     TensorId qkv = b.act(p + "qkv", {B, T, 3 * C});
     b.op(OpKind::matmul_forward, p + "qkv", {ln1, qkvw, qkvb}, {qkv});
-    TensorId atty = b.act(p + "atty", {B, T, C}), lse = b.act(p + "att_lse", {B, c.n_head, T});
+    TensorId atty = b.act(p + "atty", {B, T, C}), lse = b.stat(p + "att_lse", {B, c.n_head, T});
     Op att{OpKind::attention_forward};
     att.name = p + "attention";
     att.inputs = {qkv};
     att.outputs = {atty, lse};
     att.num_heads = c.n_head;
     att.workspace =
-        g.add_tensor(p + "att_scratch", {B * c.n_head, T}, g.precision.activation, Role::workspace);
+        g.add_tensor(p + "att_scratch", {B * c.n_head, T}, g.precision.statistics(), Role::workspace);
     g.add_op(std::move(att));
     TensorId attproj = b.act(p + "attproj", {B, T, C});
     b.op(OpKind::matmul_forward, p + "attproj", {atty, attprojw, attprojb}, {attproj});
     TensorId res2 = b.act(p + "residual2", {B, T, C});
     b.op(OpKind::residual_forward, p + "residual2", {x, attproj}, {res2});
-    TensorId ln2 = b.act(p + "ln2", {B, T, C}), ln2m = b.act(p + "ln2_mean", {B * T}),
-             ln2r = b.act(p + "ln2_rstd", {B * T});
+    TensorId ln2 = b.act(p + "ln2", {B, T, C}), ln2m = b.stat(p + "ln2_mean", {B * T}),
+             ln2r = b.stat(p + "ln2_rstd", {B * T});
     b.op(OpKind::layernorm_forward, p + "ln2", {res2, ln2w, ln2b}, {ln2, ln2m, ln2r});
     TensorId fch = b.act(p + "fch", {B, T, 4 * C});
     b.op(OpKind::matmul_forward, p + "fc", {ln2, fcw, fcb}, {fch});
@@ -269,8 +273,8 @@ Graph build_gpt2(const GptConfig& c, const Precision& precision) {
     x = res3;
   }
   TensorId lnfw = b.param("lnfw", {C}, false), lnfb = b.param("lnfb", {C}, false);
-  TensorId lnf = b.act("lnf", {B, T, C}), lnfm = b.act("lnf_mean", {B * T}),
-           lnfr = b.act("lnf_rstd", {B * T});
+  TensorId lnf = b.act("lnf", {B, T, C}), lnfm = b.stat("lnf_mean", {B * T}),
+           lnfr = b.stat("lnf_rstd", {B * T});
   b.op(OpKind::layernorm_forward, "lnf", {x, lnfw, lnfb}, {lnf, lnfm, lnfr});
   TensorId logits = b.act("logits", {B, T, Vp});
   b.op(OpKind::matmul_forward, "lm_head", {lnf, wte}, {logits});  // tied: the head reuses wte
@@ -321,7 +325,8 @@ struct Autodiff {
     Tensor& tensor = g[t];
     if (tensor.grad != kNoTensor) return tensor.grad;
     const bool is_param = tensor.role == Role::parameter;
-    TensorId d = g.add_tensor("d" + tensor.name, tensor.shape, tensor.dtype,
+    TensorId d = g.add_tensor("d" + tensor.name, tensor.shape,
+                              is_param ? g.precision.gradient() : tensor.dtype,
                               is_param ? Role::gradient : Role::activation);
     g[t].grad = d;
     // Parameter gradients are zero at step start (the optimizer re-zeroes them); activation

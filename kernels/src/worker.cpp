@@ -69,7 +69,7 @@ double learning_rate(const TrainSpec& t, std::int64_t step) {
 
 Result<Graph> build_training_graph(const WorkerConfig& c, std::int64_t vocab) {
   Precision prec;
-  if (c.train.precision == "bf16") prec = {DType::bf16, DType::bf16, DType::f32};
+  if (c.train.precision == "bf16") prec = Precision::cuda_bf16();
   Graph g;
   if (c.model.kind == "gpt2") {
     GptConfig gc = c.model.gpt;

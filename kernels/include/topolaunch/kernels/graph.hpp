@@ -104,9 +104,19 @@ enum ScalarSlot : int {
 };
 
 struct Precision {
-  DType param = DType::f32;       // parameters and their gradients
+  DType param = DType::f32;       // parameters (and their gradients unless fp32_statistics)
   DType activation = DType::f32;  // activations and activation gradients
   DType optimizer = DType::f32;   // AdamW m, v (and the master copy when param is not fp32)
+  // Mixed precision as the CUDA kernels take it (kernels/cuda/cuda_kernels.cuh): parameter
+  // gradients, LayerNorm mean/rstd, attention log-sum-exp and scratch, and the per-token losses
+  // are fp32 while parameters and activations stay in their (bf16) types. Off: all of these take
+  // the param/activation type (the fp32 and f64 CPU graphs).
+  bool fp32_statistics = false;
+
+  // The CUDA backend's graph: bf16 working parameters and activations, fp32 everything else.
+  static Precision cuda_bf16() { return {DType::bf16, DType::bf16, DType::f32, true}; }
+  DType statistics() const { return fp32_statistics ? DType::f32 : activation; }
+  DType gradient() const { return fp32_statistics ? DType::f32 : param; }
 };
 
 struct Graph {

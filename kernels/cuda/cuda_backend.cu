@@ -1,0 +1,663 @@
+// The CUDA executor: the plan's op list over one device arena. See cuda_backend.hpp.
+#include "cuda_backend.hpp"
+
+#include <cuda_bf16.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "attention.cuh"
+#include "cuda_kernels.cuh"
+#include "matmul.cuh"
+#include "topolaunch/kernels/rng.hpp"
+
+namespace topolaunch::kernels::cuda {
+
+namespace {
+
+Error cuda_error(const std::string& what, cudaError_t e) {
+  return make_error("cuda backend: " + what + ": " + cudaGetErrorString(e), 1);
+}
+
+#define TL_CUDA_TRY(call, what)                             \
+  do {                                                      \
+    const cudaError_t err_ = (call);                        \
+    if (err_ != cudaSuccess) return cuda_error(what, err_); \
+  } while (0)
+
+#define TL_STATUS_TRY(expr) TL_STATUS_TRY_IMPL(expr)
+#define TL_ERROR_TRY(expr)                \
+  do {                                    \
+    auto status_ = (expr);                \
+    if (!status_) return status_.error(); \
+  } while (0)
+#define TL_STATUS_TRY_IMPL(expr)  \
+  do {                            \
+    auto status_ = (expr);        \
+    if (!status_) return status_; \
+  } while (0)
+
+float bf16_to_float(std::uint16_t bits) {
+  const std::uint32_t u = static_cast<std::uint32_t>(bits) << 16;
+  float f;
+  std::memcpy(&f, &u, sizeof f);
+  return f;
+}
+
+// Which dtype each operand of each op must have for the kernels of kernels/cuda (b = bf16,
+// f = fp32, i = i32, '-' = not checked). Optional trailing operands may be absent.
+struct Signature {
+  const char* inputs;
+  const char* outputs;
+};
+Signature signature(OpKind kind) {
+  switch (kind) {
+    case OpKind::encoder_forward:
+      return {"ibb", "b"};
+    case OpKind::encoder_backward:
+      return {"bi", "ff"};
+    case OpKind::layernorm_forward:
+      return {"bbb", "bff"};
+    case OpKind::layernorm_backward:
+      return {"bbbff", "bff"};
+    case OpKind::residual_layernorm_forward:
+      return {"bbbb", "bbff"};
+    case OpKind::matmul_forward:
+      return {"bbb", "b"};
+    case OpKind::matmul_backward:
+      return {"bbb", "bff"};
+    case OpKind::attention_forward:
+      return {"b", "bf"};
+    case OpKind::attention_backward:
+      return {"bbbf", "b"};
+    case OpKind::gelu_forward:
+    case OpKind::gelu_backward:
+    case OpKind::residual_forward:
+    case OpKind::residual_backward:
+      return {"bb", "bb"};
+    case OpKind::crossentropy_forward:
+      return {"bi", "f"};
+    case OpKind::crossentropy_backward:
+      return {"bif", "b"};
+    case OpKind::zero:
+      return {"", ""};
+    case OpKind::global_norm:
+      return {"", "f"};
+    case OpKind::adamw:
+      return {"fff", "bfff"};
+    case OpKind::all_reduce:
+      return {"", ""};
+  }
+  return {"", ""};
+}
+
+char dtype_letter(DType d) {
+  switch (d) {
+    case DType::bf16:
+      return 'b';
+    case DType::f32:
+      return 'f';
+    case DType::i32:
+      return 'i';
+    case DType::f64:
+      return 'd';
+  }
+  return '?';
+}
+
+}  // namespace
+
+CudaExecutor::CudaExecutor(const Plan& plan, const CudaExecutorOptions& options,
+                           GpuCommunicator* comm)
+    : plan_(plan), options_(options), comm_(comm) {}
+
+Result<std::unique_ptr<CudaExecutor>> CudaExecutor::create(const Plan& plan,
+                                                           const CudaExecutorOptions& options,
+                                                           GpuCommunicator* communicator) {
+  const Graph& g = plan.graph;
+  // Every op's operands must have the dtypes the kernels take (a graph built with
+  // Precision::cuda_bf16()).
+  for (const Op& op : g.ops) {
+    const Signature sig = signature(op.kind);
+    auto check = [&](const std::vector<TensorId>& ids, const char* letters,
+                     const char* side) -> Status {
+      for (std::size_t k = 0; k < ids.size() && letters[k] != '\0'; ++k) {
+        const Tensor& t = g[ids[k]];
+        if (dtype_letter(t.dtype) != letters[k])
+          return make_error("cuda backend: op '" + op.name + "' (" + std::string(op_name(op.kind)) +
+                            ") " + side + " " + std::to_string(k) + " '" + t.name + "' is " +
+                            std::string(dtype_name(t.dtype)) +
+                            ", the CUDA kernels take another type; build the graph with "
+                            "Precision::cuda_bf16() (train.precision = \"bf16\")");
+      }
+      return ok_status();
+    };
+    TL_ERROR_TRY(check(op.inputs, sig.inputs, "input"));
+    TL_ERROR_TRY(check(op.outputs, sig.outputs, "output"));
+    if (op.kind == OpKind::adamw && op.outputs.size() < 4)
+      return make_error("cuda backend: op '" + op.name +
+                        "' has no fp32 master copy (parameters must be bf16, optimizer fp32)");
+    if (op.kind == OpKind::global_norm || op.kind == OpKind::all_reduce) {
+      for (auto t : op.inputs)
+        if (g[t].dtype != DType::f32)
+          return make_error("cuda backend: gradient '" + g[t].name + "' is " +
+                            std::string(dtype_name(g[t].dtype)) +
+                            ", the CUDA backend needs fp32 parameter gradients");
+    }
+    if (op.kind == OpKind::attention_forward || op.kind == OpKind::attention_backward) {
+      const auto& s = g[op.inputs[op.kind == OpKind::attention_forward ? 0 : 1]].shape;
+      const std::int64_t C = s[2] / 3;
+      if (!attention_supported(C, op.num_heads))
+        return make_error("cuda backend: attention with C = " + std::to_string(C) + " and " +
+                          std::to_string(op.num_heads) +
+                          " heads is not supported by kernels/cuda/attention (head size " +
+                          std::to_string(C / op.num_heads) + ")");
+      if (op.kind == OpKind::attention_backward) {
+        const std::size_t need = attention_backward_workspace_bytes(s[0], s[1], C, op.num_heads);
+        if (op.workspace == kNoTensor || g[op.workspace].bytes() < need)
+          return make_error(
+              "cuda backend: op '" + op.name + "': attention backward needs " +
+              std::to_string(need) + " bytes of workspace, the plan gives " +
+              std::to_string(op.workspace == kNoTensor ? 0 : g[op.workspace].bytes()));
+      }
+    }
+  }
+  if (g.scalars == kNoTensor || g[g.scalars].dtype != DType::f32)
+    return make_error("cuda backend: the graph's scalars must be fp32");
+  std::unique_ptr<CudaExecutor> ex(new CudaExecutor(plan, options, communicator));
+  TL_ERROR_TRY(ex->init());
+  return Result<std::unique_ptr<CudaExecutor>>(std::move(ex));
+}
+
+Status CudaExecutor::init() {
+  const Graph& g = plan_.graph;
+  TL_CUDA_TRY(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "stream");
+  TL_CUDA_TRY(cudaStreamCreateWithFlags(&comm_stream_, cudaStreamNonBlocking), "comm stream");
+  const std::size_t bytes = std::max<std::size_t>(plan_.memory.arena_bytes, 256);
+  void* arena = nullptr;
+  TL_CUDA_TRY(cudaMalloc(&arena, bytes),
+              "cudaMalloc of the " + format_bytes(bytes) + " arena (plan.memory.arena_bytes)");
+  arena_ = static_cast<std::byte*>(arena);
+  TL_CUDA_TRY(cudaMemsetAsync(arena_, 0, bytes, stream_), "arena memset");
+  matmul_ = std::make_unique<Matmul>();
+  if (!matmul_->error().empty()) return make_error("cuda backend: " + matmul_->error(), 1);
+
+  const std::size_t n_tokens = static_cast<std::size_t>(g[g.tokens].elements());
+  for (auto& s : staging_) {
+    void* p = nullptr;
+    TL_CUDA_TRY(cudaMallocHost(&p, 2 * n_tokens * sizeof(std::int32_t)), "pinned staging");
+    s.tokens = static_cast<std::int32_t*>(p);
+    TL_CUDA_TRY(cudaMallocHost(&p, kNumScalars * sizeof(float)), "pinned staging");
+    s.scalars = static_cast<float*>(p);
+    TL_CUDA_TRY(cudaEventCreateWithFlags(&s.copied, cudaEventDisableTiming), "event");
+  }
+  pending_batch_.assign(2 * n_tokens, 0);
+
+  first_optimizer_op_ = g.ops.size();
+  for (std::size_t i = 0; i < g.ops.size(); ++i)
+    if (g.ops[i].phase == Phase::optimizer) {
+      first_optimizer_op_ = i;
+      break;
+    }
+  first_backward_op_ = first_optimizer_op_;
+  for (std::size_t i = 0; i < g.ops.size(); ++i)
+    if (g.ops[i].phase != Phase::forward) {
+      first_backward_op_ = i;
+      break;
+    }
+  fused_with_next_.assign(g.ops.size(), 0);
+  if (options_.fuse_classifier) {
+    for (std::size_t i = 0; i + 1 < g.ops.size(); ++i) {
+      const Op& f = g.ops[i];
+      const Op& b = g.ops[i + 1];
+      if (f.kind == OpKind::crossentropy_forward && b.kind == OpKind::crossentropy_backward &&
+          f.inputs[0] == b.inputs[0] && f.inputs[1] == b.inputs[1] && f.vocab == b.vocab)
+        fused_with_next_[i] = 1;
+    }
+  }
+  master_of_.assign(g.tensors.size(), kNoTensor);
+  for (const Op& op : g.ops)
+    if (op.kind == OpKind::adamw && op.outputs.size() >= 4)
+      master_of_[static_cast<std::size_t>(op.outputs[0])] = op.outputs[3];
+  const std::size_t n_buckets = plan_.comm.buckets.size();
+  bucket_ready_.assign(n_buckets, nullptr);
+  bucket_done_.assign(n_buckets, nullptr);
+  for (std::size_t b = 0; b < n_buckets; ++b) {
+    TL_CUDA_TRY(cudaEventCreateWithFlags(&bucket_ready_[b], cudaEventDisableTiming), "event");
+    TL_CUDA_TRY(cudaEventCreateWithFlags(&bucket_done_[b], cudaEventDisableTiming), "event");
+  }
+  AdamWSettings defaults;
+  write_scalars(defaults, 1);
+  host_scalars_[kLossScale] =
+      1.0f / static_cast<float>(g[g.tokens].elements() > 0 ? g[g.tokens].elements() : 1);
+  TL_CUDA_TRY(cudaStreamSynchronize(stream_), "arena memset");
+  return ok_status();
+}
+
+CudaExecutor::~CudaExecutor() {
+  if (stream_ != nullptr) cudaStreamSynchronize(stream_);
+  if (comm_stream_ != nullptr) cudaStreamSynchronize(comm_stream_);
+  for (auto& [key, exec] : graphs_) cudaGraphExecDestroy(exec);
+  for (auto e : bucket_ready_)
+    if (e != nullptr) cudaEventDestroy(e);
+  for (auto e : bucket_done_)
+    if (e != nullptr) cudaEventDestroy(e);
+  for (auto& s : staging_) {
+    if (s.copied != nullptr) cudaEventDestroy(s.copied);
+    if (s.tokens != nullptr) cudaFreeHost(s.tokens);
+    if (s.scalars != nullptr) cudaFreeHost(s.scalars);
+  }
+  matmul_.reset();
+  if (arena_ != nullptr) cudaFree(arena_);
+  if (comm_stream_ != nullptr) cudaStreamDestroy(comm_stream_);
+  if (stream_ != nullptr) cudaStreamDestroy(stream_);
+}
+
+void* CudaExecutor::device_pointer(TensorId t) const {
+  if (t == kNoTensor) return nullptr;
+  const std::size_t off = plan_.memory.offsets[static_cast<std::size_t>(t)];
+  if (off == kNoOffset) return nullptr;
+  return arena_ + off;
+}
+
+Status CudaExecutor::set_parameter(TensorId p, std::span<const float> values) {
+  const Graph& g = plan_.graph;
+  const Tensor& t = g[p];
+  if (t.role != Role::parameter || static_cast<std::int64_t>(values.size()) != t.elements())
+    return make_error("cuda backend: set_parameter: '" + t.name + "' takes " +
+                      std::to_string(t.elements()) + " values, got " +
+                      std::to_string(values.size()));
+  const TensorId master = master_of_[static_cast<std::size_t>(p)];
+  void* dst = device_pointer(p);
+  if (dst == nullptr) return ok_status();  // no op touches it
+  if (master != kNoTensor && device_pointer(master) != nullptr) {
+    float* m = static_cast<float*>(device_pointer(master));
+    TL_CUDA_TRY(cudaMemcpyAsync(m, values.data(), values.size() * sizeof(float),
+                                cudaMemcpyHostToDevice, stream_),
+                "copy of parameter " + t.name);
+    to_bf16(static_cast<bf16*>(dst), m, t.elements(), stream_);
+  } else {
+    std::vector<std::uint16_t> b(values.size());
+    for (std::size_t i = 0; i < values.size(); ++i) {
+      const __nv_bfloat16 h = __float2bfloat16(values[i]);
+      std::memcpy(&b[i], &h, 2);
+    }
+    TL_CUDA_TRY(cudaMemcpyAsync(dst, b.data(), b.size() * 2, cudaMemcpyHostToDevice, stream_),
+                "copy of parameter " + t.name);
+  }
+  // The host buffers are the caller's: finish the copies before returning.
+  TL_CUDA_TRY(cudaStreamSynchronize(stream_), "copy of parameter " + t.name);
+  return ok_status();
+}
+
+Status CudaExecutor::init_parameters(std::uint64_t seed) {
+  // Same values and order as CpuExecutor<float>::init_parameters.
+  const Graph& g = plan_.graph;
+  int layers = 0;
+  for (auto p : g.params)
+    if (g[p].name.ends_with("attprojw")) ++layers;
+  NormalRng rng(seed);
+  std::vector<float> v;
+  for (auto p : g.params) {
+    const Tensor& t = g[p];
+    v.assign(static_cast<std::size_t>(t.elements()), 0.0f);
+    if (t.shape.size() == 1) {
+      const bool ln_weight =
+          t.name.ends_with("ln1w") || t.name.ends_with("ln2w") || t.name.ends_with("lnfw");
+      std::fill(v.begin(), v.end(), ln_weight ? 1.0f : 0.0f);
+    } else {
+      double std = 0.02;
+      if (layers > 0 && (t.name.ends_with("attprojw") || t.name.ends_with("fcprojw")))
+        std /= std::sqrt(2.0 * layers);
+      for (auto& x : v) x = static_cast<float>(std * rng.normal());
+    }
+    TL_STATUS_TRY(set_parameter(p, v));
+  }
+  return ok_status();
+}
+
+Result<std::vector<float>> CudaExecutor::values(TensorId t) {
+  const Tensor& tensor = plan_.graph[t];
+  const void* src = device_pointer(t);
+  if (src == nullptr) return make_error("cuda backend: tensor '" + tensor.name + "' has no offset");
+  const std::size_t n = static_cast<std::size_t>(tensor.elements());
+  std::vector<float> out(n);
+  TL_CUDA_TRY(cudaStreamSynchronize(stream_), "synchronise");
+  if (tensor.dtype == DType::f32) {
+    TL_CUDA_TRY(cudaMemcpy(out.data(), src, n * sizeof(float), cudaMemcpyDeviceToHost),
+                "copy of " + tensor.name);
+  } else if (tensor.dtype == DType::bf16) {
+    std::vector<std::uint16_t> b(n);
+    TL_CUDA_TRY(cudaMemcpy(b.data(), src, n * 2, cudaMemcpyDeviceToHost), "copy of " + tensor.name);
+    for (std::size_t i = 0; i < n; ++i) out[i] = bf16_to_float(b[i]);
+  } else {
+    return make_error("cuda backend: tensor '" + tensor.name + "' is not a float tensor");
+  }
+  return out;
+}
+
+Result<std::vector<float>> CudaExecutor::parameter(TensorId p) {
+  const TensorId master = master_of_[static_cast<std::size_t>(p)];
+  return values(master != kNoTensor ? master : p);
+}
+
+Status CudaExecutor::set_batch(std::span<const std::int32_t> tokens,
+                               std::span<const std::int32_t> targets) {
+  const std::size_t n = pending_batch_.size() / 2;
+  if (tokens.size() != n || targets.size() != n)
+    return make_error("cuda backend: set_batch takes " + std::to_string(n) +
+                      " tokens and targets (B*T), got " + std::to_string(tokens.size()) + " and " +
+                      std::to_string(targets.size()));
+  std::copy(tokens.begin(), tokens.end(), pending_batch_.begin());
+  std::copy(targets.begin(), targets.end(),
+            pending_batch_.begin() + static_cast<std::ptrdiff_t>(n));
+  batch_pending_ = true;
+  return ok_status();
+}
+
+void CudaExecutor::set_loss_scale(double scale) {
+  host_scalars_[kLossScale] = static_cast<float>(scale);
+}
+
+void CudaExecutor::write_scalars(const AdamWSettings& s, std::int64_t step) {
+  host_scalars_[kLearningRate] = static_cast<float>(s.learning_rate);
+  host_scalars_[kBeta1] = static_cast<float>(s.beta1);
+  host_scalars_[kBeta2] = static_cast<float>(s.beta2);
+  host_scalars_[kEpsilon] = static_cast<float>(s.epsilon);
+  host_scalars_[kWeightDecay] = static_cast<float>(s.weight_decay);
+  host_scalars_[kStep] = static_cast<float>(step);
+  host_scalars_[kGradClip] = static_cast<float>(s.grad_clip);
+}
+
+// Copies the pending batch and the scalars into the arena through the next pinned slot, on the
+// compute stream, before the launch that reads them.
+Status CudaExecutor::upload_pending() {
+  const Graph& g = plan_.graph;
+  Staging& s = staging_[staging_slot_];
+  staging_slot_ = (staging_slot_ + 1) % 2;
+  TL_CUDA_TRY(cudaEventSynchronize(s.copied), "staging");  // its previous copy is done
+  std::memcpy(s.scalars, host_scalars_, sizeof host_scalars_);
+  TL_CUDA_TRY(cudaMemcpyAsync(device_pointer(g.scalars), s.scalars, sizeof host_scalars_,
+                              cudaMemcpyHostToDevice, stream_),
+              "scalars upload");
+  if (batch_pending_) {
+    const std::size_t n = pending_batch_.size() / 2;
+    std::memcpy(s.tokens, pending_batch_.data(), pending_batch_.size() * sizeof(std::int32_t));
+    TL_CUDA_TRY(cudaMemcpyAsync(device_pointer(g.tokens), s.tokens, n * sizeof(std::int32_t),
+                                cudaMemcpyHostToDevice, stream_),
+                "tokens upload");
+    TL_CUDA_TRY(cudaMemcpyAsync(device_pointer(g.targets), s.tokens + n, n * sizeof(std::int32_t),
+                                cudaMemcpyHostToDevice, stream_),
+                "targets upload");
+    batch_pending_ = false;
+  }
+  TL_CUDA_TRY(cudaEventRecord(s.copied, stream_), "staging event");
+  return ok_status();
+}
+
+Status CudaExecutor::train_step(const AdamWSettings& settings, std::int64_t step) {
+  write_scalars(settings, step);
+  TL_STATUS_TRY(upload_pending());
+  return run_range(0, plan_.graph.ops.size(), true);
+}
+
+Status CudaExecutor::run_forward_backward(bool communicate) {
+  TL_STATUS_TRY(upload_pending());
+  return run_range(0, first_optimizer_op_, communicate);
+}
+
+Status CudaExecutor::run_forward() {
+  TL_STATUS_TRY(upload_pending());
+  return run_range(0, first_backward_op_, false);
+}
+
+Status CudaExecutor::run_optimizer(const AdamWSettings& settings, std::int64_t step) {
+  write_scalars(settings, step);
+  TL_STATUS_TRY(upload_pending());
+  return run_range(first_optimizer_op_, plan_.graph.ops.size(), false);
+}
+
+Status CudaExecutor::run_range(std::size_t begin, std::size_t end, bool communicate) {
+  const bool comm_active = communicate && comm_ != nullptr && comm_->world_size() > 1;
+  if (options_.mode == ExecutionMode::op_by_op) return enqueue_range(begin, end, comm_active);
+  const RangeKey key{begin, end, comm_active};
+  if (auto it = graphs_.find(key); it != graphs_.end()) {
+    TL_CUDA_TRY(cudaGraphLaunch(it->second, stream_), "graph launch");
+    return ok_status();
+  }
+  // First call of this range: run it eagerly (warms cuBLASLt's cache, kernel attributes), then
+  // capture it for the next calls.
+  if (eager_runs_[key]++ == 0) return enqueue_range(begin, end, comm_active);
+  cudaGraph_t graph = nullptr;
+  TL_CUDA_TRY(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal), "begin capture");
+  Status enq = enqueue_range(begin, end, comm_active);
+  const cudaError_t ec = cudaStreamEndCapture(stream_, &graph);
+  if (!enq) {
+    if (graph != nullptr) cudaGraphDestroy(graph);
+    return enq;
+  }
+  TL_CUDA_TRY(ec, "end capture");
+  cudaGraphExec_t exec = nullptr;
+  const cudaError_t ei = cudaGraphInstantiate(&exec, graph, 0);
+  std::size_t nodes = 0;
+  cudaGraphGetNodes(graph, nullptr, &nodes);
+  cudaGraphDestroy(graph);
+  TL_CUDA_TRY(ei, "graph instantiate");
+  graphs_.emplace(key, exec);
+  if (begin == 0 && end == plan_.graph.ops.size()) graph_nodes_ = nodes;
+  TL_CUDA_TRY(cudaGraphLaunch(exec, stream_), "graph launch");
+  return ok_status();
+}
+
+Status CudaExecutor::enqueue_range(std::size_t begin, std::size_t end, bool communicate) {
+  issued_buckets_.clear();
+  bool joined = false;
+  for (std::size_t i = begin; i < end; ++i) {
+    if (i > begin && fused_with_next_[i - 1]) continue;  // ran with its crossentropy_forward
+    TL_STATUS_TRY(enqueue_op(i, communicate, fused_with_next_[i] && i + 1 < end, joined));
+  }
+  return join_communication();
+}
+
+// The optimizer (and the end of any range) waits for every bucket's all-reduce.
+Status CudaExecutor::join_communication() {
+  for (auto b : issued_buckets_)
+    TL_CUDA_TRY(cudaStreamWaitEvent(stream_, bucket_done_[b], 0), "wait for all-reduce");
+  issued_buckets_.clear();
+  return ok_status();
+}
+
+Status CudaExecutor::enqueue_op(std::size_t index, bool communicate, bool fuse, bool& joined) {
+  const Graph& g = plan_.graph;
+  const Op& op = g.ops[index];
+  if (op.phase == Phase::optimizer && !joined) {
+    TL_STATUS_TRY(join_communication());
+    joined = true;
+  }
+  auto B = [&](TensorId t) { return static_cast<bf16*>(device_pointer(t)); };
+  auto F = [&](TensorId t) { return static_cast<float*>(device_pointer(t)); };
+  auto I = [&](TensorId t) { return static_cast<const std::int32_t*>(device_pointer(t)); };
+  auto opt = [](const std::vector<TensorId>& v, std::size_t i) {
+    return i < v.size() ? v[i] : kNoTensor;
+  };
+  auto shape = [&](TensorId t) -> const std::vector<std::int64_t>& { return g[t].shape; };
+  auto el = [&](TensorId t) { return g[t].elements(); };
+  auto where = [&]() { return "op " + std::to_string(index) + " '" + op.name + "'"; };
+  cudaError_t err = cudaSuccess;
+  switch (op.kind) {
+    case OpKind::encoder_forward: {
+      const auto& s = shape(op.outputs[0]);
+      encoder_forward(B(op.outputs[0]), I(op.inputs[0]), B(op.inputs[1]), B(opt(op.inputs, 2)),
+                      s[0], s[1], s[2], stream_);
+      break;
+    }
+    case OpKind::encoder_backward: {
+      const auto& s = shape(op.inputs[0]);
+      encoder_backward(F(op.outputs[0]), F(opt(op.outputs, 1)), B(op.inputs[0]), I(op.inputs[1]),
+                       s[0], s[1], s[2], stream_);
+      break;
+    }
+    case OpKind::layernorm_forward: {
+      const std::int64_t C = shape(op.inputs[1])[0], N = el(op.inputs[0]) / C;
+      err = layernorm_forward(B(op.outputs[0]), F(op.outputs[1]), F(op.outputs[2]), B(op.inputs[0]),
+                              B(op.inputs[1]), B(op.inputs[2]), N, C, stream_);
+      break;
+    }
+    case OpKind::residual_layernorm_forward: {
+      const std::int64_t C = shape(op.inputs[2])[0], N = el(op.inputs[0]) / C;
+      err = residual_layernorm_forward(B(op.outputs[0]), B(op.outputs[1]), F(op.outputs[2]),
+                                       F(op.outputs[3]), B(op.inputs[0]), B(op.inputs[1]),
+                                       B(op.inputs[2]), B(op.inputs[3]), N, C, stream_);
+      break;
+    }
+    case OpKind::layernorm_backward: {
+      const std::int64_t C = shape(op.inputs[2])[0], N = el(op.inputs[0]) / C;
+      err = layernorm_backward(B(op.outputs[0]), F(op.outputs[1]), F(op.outputs[2]),
+                               B(op.inputs[0]), B(op.inputs[1]), B(op.inputs[2]), F(op.inputs[3]),
+                               F(op.inputs[4]), N, C, stream_);
+      break;
+    }
+    case OpKind::matmul_forward: {
+      const auto& w = shape(op.inputs[1]);
+      const std::int64_t OC = w[0], C = w[1], N = el(op.inputs[0]) / C;
+      const cublasStatus_t st =
+          matmul_->matmul_forward(B(op.outputs[0]), B(op.inputs[0]), B(op.inputs[1]),
+                                  B(opt(op.inputs, 2)), N, C, OC, stream_);
+      if (st != CUBLAS_STATUS_SUCCESS)
+        return make_error("cuda backend: " + where() + ": cuBLASLt status " +
+                              std::to_string(static_cast<int>(st)),
+                          1);
+      break;
+    }
+    case OpKind::matmul_backward: {
+      const auto& w = shape(op.inputs[2]);
+      const std::int64_t OC = w[0], C = w[1], N = el(op.inputs[1]) / C;
+      const cublasStatus_t st = matmul_->matmul_backward(
+          B(op.outputs[0]), F(op.outputs[1]), F(opt(op.outputs, 2)), B(op.inputs[0]),
+          B(op.inputs[1]), B(op.inputs[2]), N, C, OC, stream_);
+      if (st != CUBLAS_STATUS_SUCCESS)
+        return make_error("cuda backend: " + where() + ": cuBLASLt status " +
+                              std::to_string(static_cast<int>(st)),
+                          1);
+      break;
+    }
+    case OpKind::attention_forward: {
+      const auto& s = shape(op.inputs[0]);
+      err = attention_forward(B(op.outputs[0]), F(op.outputs[1]), B(op.inputs[0]), s[0], s[1],
+                              s[2] / 3, op.num_heads, stream_);
+      break;
+    }
+    case OpKind::attention_backward: {
+      const auto& s = shape(op.inputs[1]);
+      err = attention_backward(B(op.outputs[0]), device_pointer(op.workspace), B(op.inputs[0]),
+                               B(op.inputs[1]), B(op.inputs[2]), F(op.inputs[3]), s[0], s[1],
+                               s[2] / 3, op.num_heads, stream_);
+      break;
+    }
+    case OpKind::gelu_forward:
+      gelu_forward(B(op.outputs[0]), B(op.inputs[0]), el(op.inputs[0]), stream_);
+      break;
+    case OpKind::gelu_backward:
+      gelu_backward(B(op.outputs[0]), B(op.inputs[0]), B(op.inputs[1]), el(op.inputs[0]), stream_);
+      break;
+    case OpKind::residual_forward:
+      residual_forward(B(op.outputs[0]), B(op.inputs[0]), B(op.inputs[1]), el(op.inputs[0]),
+                       stream_);
+      break;
+    case OpKind::residual_backward:
+      residual_backward(B(op.outputs[0]), B(op.outputs[1]), B(op.inputs[0]), el(op.inputs[0]),
+                        stream_);
+      break;
+    case OpKind::crossentropy_forward: {
+      const std::int64_t Vp = shape(op.inputs[0]).back(), N = el(op.inputs[0]) / Vp;
+      if (fuse) {
+        const Op& b = g.ops[index + 1];
+        crossentropy_forward_backward(F(op.outputs[0]), B(b.outputs[0]), B(op.inputs[0]),
+                                      I(op.inputs[1]), F(b.inputs[2]) + kLossScale, N, op.vocab, Vp,
+                                      stream_);
+      } else {
+        crossentropy_forward(F(op.outputs[0]), B(op.inputs[0]), I(op.inputs[1]), N, op.vocab, Vp,
+                             stream_);
+      }
+      break;
+    }
+    case OpKind::crossentropy_backward: {
+      const std::int64_t Vp = shape(op.inputs[0]).back(), N = el(op.inputs[0]) / Vp;
+      crossentropy_backward(B(op.outputs[0]), B(op.inputs[0]), I(op.inputs[1]),
+                            F(op.inputs[2]) + kLossScale, N, op.vocab, Vp, stream_);
+      break;
+    }
+    case OpKind::zero:
+      for (auto t : op.outputs) {
+        err = cudaMemsetAsync(device_pointer(t), 0, g[t].bytes(), stream_);
+        if (err != cudaSuccess) break;
+      }
+      break;
+    case OpKind::global_norm: {
+      float* norm = F(op.outputs[0]);
+      err = cudaMemsetAsync(norm, 0, sizeof(float), stream_);
+      if (err != cudaSuccess) break;
+      for (auto t : op.inputs) sum_of_squares(norm, F(t), el(t), stream_);
+      sqrt_in_place(norm, stream_);
+      break;
+    }
+    case OpKind::adamw: {
+      // {grad, norm, scalars} -> {param (bf16 working copy), m, v, master}
+      adamw_update(F(op.outputs[3]), B(op.outputs[0]), F(op.outputs[1]), F(op.outputs[2]),
+                   F(op.inputs[0]), el(op.inputs[0]), F(op.inputs[2]), F(op.inputs[1]),
+                   g[op.outputs[0]].decayed, stream_);
+      break;
+    }
+    case OpKind::all_reduce: {
+      if (!communicate) break;
+      const auto b = static_cast<std::size_t>(op.bucket);
+      const Bucket& bucket = plan_.comm.buckets[b];
+      TL_CUDA_TRY(cudaEventRecord(bucket_ready_[b], stream_), where() + ": bucket ready event");
+      TL_CUDA_TRY(cudaStreamWaitEvent(comm_stream_, bucket_ready_[b], 0), where());
+      TL_CUDA_TRY(comm_->all_reduce_sum(reinterpret_cast<float*>(arena_ + bucket.offset),
+                                        bucket.bytes / sizeof(float), comm_stream_),
+                  where() + ": all-reduce of bucket " + std::to_string(b));
+      TL_CUDA_TRY(cudaEventRecord(bucket_done_[b], comm_stream_), where() + ": done event");
+      issued_buckets_.push_back(b);
+      break;
+    }
+  }
+  if (err == cudaSuccess) err = cudaGetLastError();
+  if (err != cudaSuccess)
+    return cuda_error(where() + " (" + std::string(op_name(op.kind)) + ")", err);
+  return ok_status();
+}
+
+Status CudaExecutor::synchronize() {
+  TL_CUDA_TRY(cudaStreamSynchronize(stream_), "synchronise");
+  return ok_status();
+}
+
+Result<double> CudaExecutor::mean_loss() {
+  auto v = values(plan_.graph.losses);
+  if (!v) return v.error();
+  double s = 0;
+  for (float x : *v) s += static_cast<double>(x);
+  return s / static_cast<double>(v->size());
+}
+
+Result<double> CudaExecutor::last_grad_norm() {
+  auto v = values(plan_.graph.grad_norm);
+  if (!v) return v.error();
+  return static_cast<double>((*v)[0]);
+}
+
+DeviceMemory CudaExecutor::memory() const {
+  DeviceMemory m;
+  m.arena_bytes = plan_.memory.arena_bytes;
+  m.workspace_bytes = std::size_t{32} << 20;
+  std::size_t free_bytes = 0, total_bytes = 0;
+  if (cudaMemGetInfo(&free_bytes, &total_bytes) == cudaSuccess) {
+    m.used_bytes = total_bytes - free_bytes;
+    m.total_bytes = total_bytes;
+  }
+  return m;
+}
+
+}  // namespace topolaunch::kernels::cuda

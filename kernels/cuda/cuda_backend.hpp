@@ -1,0 +1,164 @@
+// The CUDA backend: the GPU twin of CpuExecutor (cpu_backend.hpp). It runs the SAME compiled plan
+// (graph built with Precision::cuda_bf16(), offsets from the CPU planner) over ONE arena that is
+// cudaMalloc'ed once; every op of the plan's list is dispatched to the kernels of kernels/cuda.
+// Mixed precision as those kernels take it: bf16 activations, activation gradients and working
+// copy of the parameters; fp32 parameter gradients, master weights, AdamW moments, LayerNorm
+// statistics, attention log-sum-exp and per-token losses.
+//
+// The whole training step (forward, backward, bucketed all-reduce, optimizer) is captured once as
+// a CUDA Graph and replayed; the per-step scalars (learning rate, AdamW step, clip, loss scale)
+// live in the arena and are copied in before the launch, so nothing is host-synchronised inside a
+// step. ExecutionMode::op_by_op launches the same plan kernel by kernel (the comparison baseline).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <span>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "topolaunch/kernels/cpu_backend.hpp"  // AdamWSettings
+#include "topolaunch/kernels/plan.hpp"
+#include "topolaunch/topology/result.hpp"
+
+namespace topolaunch::kernels::cuda {
+
+class Matmul;
+
+// Data-parallel gradient reduction on the GPU (the NCCL implementation lives in
+// kernels/cuda/nccl_communicator.*). The executor calls all_reduce_sum once per gradient bucket of
+// the plan (plan.comm.buckets: one contiguous fp32 range of the arena each), on its communication
+// side stream, after that stream waited for the event recorded when the bucket's last gradient was
+// written. The call must only ENQUEUE work on `stream` (no host synchronisation, no allocation):
+// it is captured into the step's CUDA Graph like every kernel, and all ranks capture and replay
+// the same sequence of calls.
+class GpuCommunicator {
+ public:
+  virtual ~GpuCommunicator() = default;
+  virtual int rank() const = 0;
+  virtual int world_size() const = 0;
+  // In place: data[0..count) = sum over ranks of data[0..count) (fp32).
+  virtual cudaError_t all_reduce_sum(float* data, std::size_t count, cudaStream_t stream) = 0;
+};
+
+enum class ExecutionMode : std::uint8_t {
+  graph,     // capture each distinct op range once as a CUDA Graph, then replay it
+  op_by_op,  // launch the plan's kernels one by one on every call
+};
+
+struct CudaExecutorOptions {
+  ExecutionMode mode = ExecutionMode::graph;
+  // Fuse crossentropy_forward with the crossentropy_backward that directly follows it (one read of
+  // the logits, dlogits written in place; the plan already gives both the same buffer).
+  bool fuse_classifier = true;
+};
+
+// Per-step figures of the device.
+struct DeviceMemory {
+  std::size_t arena_bytes = 0;      // the one arena (plan.memory.arena_bytes)
+  std::size_t workspace_bytes = 0;  // cuBLASLt workspace
+  std::size_t used_bytes = 0;       // cudaMemGetInfo: total - free, now (context included)
+  std::size_t total_bytes = 0;
+};
+
+class CudaExecutor {
+ public:
+  // Validates the plan's dtypes against the kernels, allocates and zeroes the arena on the current
+  // device. `communicator` may be null (single GPU); it must outlive the executor.
+  static Result<std::unique_ptr<CudaExecutor>> create(const Plan& plan,
+                                                      const CudaExecutorOptions& options = {},
+                                                      GpuCommunicator* communicator = nullptr);
+  ~CudaExecutor();
+  CudaExecutor(const CudaExecutor&) = delete;
+  CudaExecutor& operator=(const CudaExecutor&) = delete;
+
+  const Plan& plan() const { return plan_; }
+  const CudaExecutorOptions& options() const { return options_; }
+  cudaStream_t stream() const { return stream_; }
+  // Device address of tensor t in the arena (nullptr when the plan gives it no offset).
+  void* device_pointer(TensorId t) const;
+
+  // GPT-2 init, the same values as CpuExecutor<float>::init_parameters(seed) (same RNG, same
+  // order): written to the fp32 master copy and rounded into the bf16 working copy.
+  Status init_parameters(std::uint64_t seed);
+  // One parameter from fp32 host values (master copy + bf16 working copy).
+  Status set_parameter(TensorId param, std::span<const float> values);
+  // The fp32 master copy of a parameter (the bf16 working copy when it has none).
+  Result<std::vector<float>> parameter(TensorId param);
+  // Any float tensor (bf16 or fp32) copied to the host as float; synchronises the stream.
+  Result<std::vector<float>> values(TensorId t);
+
+  // Tokens and targets of the next micro-step (B*T each), staged in pinned memory and copied
+  // asynchronously before the next launch.
+  Status set_batch(std::span<const std::int32_t> tokens, std::span<const std::int32_t> targets);
+  void set_loss_scale(double scale);
+
+  // One whole optimizer step: forward, backward (bucket all-reduces on the side stream when a
+  // communicator with world_size > 1 is given), global norm, AdamW, zero grads. `step` 1-based.
+  Status train_step(const AdamWSettings& settings, std::int64_t step);
+  // Gradient accumulation: forward + backward only (all-reduce when `communicate`); finish the
+  // step with run_optimizer.
+  Status run_forward_backward(bool communicate);
+  Status run_optimizer(const AdamWSettings& settings, std::int64_t step);
+  // The forward ops only (loss of the current batch; the logits stay intact: no fused classifier).
+  Status run_forward();
+
+  Status synchronize();
+  Result<double> mean_loss();  // mean per-token loss of the last forward (synchronises)
+  Result<double> last_grad_norm();
+
+  DeviceMemory memory() const;
+  // Kernel/memset/event nodes of the captured whole-step graph (0 before the first capture).
+  std::size_t graph_nodes() const { return graph_nodes_; }
+  std::size_t graphs_captured() const { return graphs_.size(); }
+
+ private:
+  CudaExecutor(const Plan& plan, const CudaExecutorOptions& options, GpuCommunicator* comm);
+  Status init();
+  Status upload_pending();
+  Status run_range(std::size_t begin, std::size_t end, bool communicate);
+  Status enqueue_range(std::size_t begin, std::size_t end, bool communicate);
+  Status enqueue_op(std::size_t index, bool communicate, bool fuse, bool& joined);
+  Status join_communication();
+  void write_scalars(const AdamWSettings& settings, std::int64_t step);
+
+  Plan plan_;
+  CudaExecutorOptions options_;
+  GpuCommunicator* comm_ = nullptr;
+  std::byte* arena_ = nullptr;
+  cudaStream_t stream_ = nullptr;
+  cudaStream_t comm_stream_ = nullptr;
+  std::unique_ptr<Matmul> matmul_;
+  std::size_t first_optimizer_op_ = 0, first_backward_op_ = 0;
+  std::vector<std::uint8_t> fused_with_next_;  // crossentropy forward+backward pairs
+  std::vector<TensorId> master_of_;            // parameter -> fp32 master copy (or kNoTensor)
+  std::vector<cudaEvent_t> bucket_ready_, bucket_done_;
+  std::vector<std::size_t> issued_buckets_;  // issued in the range being enqueued, not yet joined
+
+  // Pinned staging of the host -> device copies made before each launch (two slots, so the host
+  // fills one while the previous copy may still be in flight).
+  struct Staging {
+    std::int32_t* tokens = nullptr;  // B*T tokens then B*T targets
+    float* scalars = nullptr;        // kNumScalars
+    cudaEvent_t copied = nullptr;
+  };
+  Staging staging_[2];
+  int staging_slot_ = 0;
+  bool batch_pending_ = false;
+  float host_scalars_[kNumScalars] = {};
+  std::vector<std::int32_t> pending_batch_;
+
+  // (begin, end, communicate) -> instantiated graph; ranges run eagerly once before capture (the
+  // first call also warms cuBLASLt's algorithm cache and the kernels' attributes).
+  using RangeKey = std::tuple<std::size_t, std::size_t, bool>;
+  std::map<RangeKey, cudaGraphExec_t> graphs_;
+  std::map<RangeKey, int> eager_runs_;
+  std::size_t graph_nodes_ = 0;
+};
+
+}  // namespace topolaunch::kernels::cuda

@@ -1,0 +1,358 @@
+// The CUDA executor (kernels/cuda/cuda_backend.hpp) against the CPU backend on a small GPT:
+// 2 layers, C = 128, 2 heads of 64, T = 64, B = 4, V = 300 (padded to 320), the same init (the
+// executor's init_parameters must reproduce CpuExecutor's values exactly) and the same batch.
+//   1. step 0: logits (bf16) and loss within bf16 tolerance of the fp32 CPU forward;
+//   2. 10 AdamW steps: every loss within 1e-2 relative of the CPU's, CUDA Graph replay;
+//   3. the same 10 steps launched op by op: the same losses (atomics: not bit-identical);
+//   4. the data-parallel hook: a plan for 2 ranks (small buckets) with a fake communicator whose
+//      "all-reduce" doubles each bucket (= two ranks with identical gradients) and the loss scale
+//      halved: every gradient must lie in a bucket, and the losses must equal the 1-GPU run's.
+// With an output folder argument it also exports the init, the batch and the losses for the
+// PyTorch reference (tests/bench/kernels/gpt2_torch_reference.py).
+// Plain main (the GPU host has no Catch2 2.x): prints one line per check, exits with the number of
+// failed checks (100 on a fatal error).
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "cuda_backend.hpp"
+#include "topolaunch/kernels/cpu_backend.hpp"
+#include "topolaunch/kernels/plan.hpp"
+
+namespace tk = topolaunch::kernels;
+namespace gpu = topolaunch::kernels::cuda;
+
+namespace {
+
+int g_failures = 0, g_checks = 0;
+
+void check(bool ok, const std::string& what) {
+  ++g_checks;
+  if (!ok) ++g_failures;
+  std::printf("%s %s\n", ok ? "ok  " : "FAIL", what.c_str());
+  std::fflush(stdout);
+}
+
+template <class T>
+T must(topolaunch::Result<T> r, const char* what) {
+  if (!r) {
+    std::fprintf(stderr, "FATAL %s: %s\n", what, r.error().message.c_str());
+    std::exit(100);
+  }
+  return std::move(*r);
+}
+void must(const topolaunch::Status& s, const char* what) {
+  if (!s) {
+    std::fprintf(stderr, "FATAL %s: %s\n", what, s.error().message.c_str());
+    std::exit(100);
+  }
+}
+
+std::string fmt(const char* f, auto... args) {
+  char buf[512];
+  std::snprintf(buf, sizeof buf, f, args...);
+  return buf;
+}
+
+constexpr int kSteps = 10;
+constexpr std::uint64_t kSeed = 1337;
+
+tk::GptConfig small_gpt() {
+  tk::GptConfig c;
+  c.n_layer = 2;
+  c.n_embd = 128;
+  c.n_head = 2;
+  c.block_size = 64;
+  c.vocab_size = 300;
+  c.batch = 4;
+  c.seq_len = 64;
+  return c;
+}
+
+tk::Plan make_plan(const tk::Precision& precision, int world_size) {
+  tk::Graph g = tk::build_gpt2(small_gpt(), precision);
+  tk::append_backward(g);
+  tk::append_optimizer(g);
+  tk::PlanOptions po;
+  po.comm.world_size = world_size;
+  if (world_size > 1) po.comm.bucket_cap_bytes = 64 << 10;  // many buckets
+  return must(tk::compile_plan(std::move(g), po), "compile_plan");
+}
+
+tk::TensorId find(const tk::Graph& g, const std::string& name) {
+  for (std::size_t i = 0; i < g.tensors.size(); ++i)
+    if (g.tensors[i].name == name) return static_cast<tk::TensorId>(i);
+  std::fprintf(stderr, "FATAL no tensor %s\n", name.c_str());
+  std::exit(100);
+}
+
+// A learnable sequence: next = (7 * prev + 13 + noise) mod V, noise in {0, 1, 2}.
+std::vector<std::int32_t> make_tokens(std::size_t n, int vocab) {
+  std::vector<std::int32_t> t(n);
+  std::uint64_t s = 42;
+  t[0] = 1;
+  for (std::size_t i = 1; i < n; ++i) {
+    s = s * 6364136223846793005ull + 1442695040888963407ull;
+    t[i] = static_cast<std::int32_t>((7 * t[i - 1] + 13 + static_cast<int>((s >> 33) % 3)) % vocab);
+  }
+  return t;
+}
+
+// "All-reduce" of a fake 2-rank world whose other rank has the same gradients: data *= 2.
+__global__ void double_kernel(float* data, std::size_t n) {
+  const std::size_t i = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x;
+  if (i < n) data[i] *= 2.0f;
+}
+class DoublingCommunicator final : public gpu::GpuCommunicator {
+ public:
+  int rank() const override { return 0; }
+  int world_size() const override { return 2; }
+  cudaError_t all_reduce_sum(float* data, std::size_t count, cudaStream_t stream) override {
+    ++calls;
+    double_kernel<<<static_cast<unsigned>((count + 255) / 256), 256, 0, stream>>>(data, count);
+    return cudaGetLastError();
+  }
+  int calls = 0;
+};
+
+struct Compare {
+  double max_abs = 0, rms_err = 0, rms_ref = 0;
+};
+Compare compare(const std::vector<float>& got, const std::vector<float>& ref) {
+  Compare c;
+  double se = 0, sr = 0;
+  for (std::size_t i = 0; i < ref.size(); ++i) {
+    const double d = static_cast<double>(got[i]) - ref[i];
+    c.max_abs = std::max(c.max_abs, std::fabs(d));
+    se += d * d;
+    sr += static_cast<double>(ref[i]) * ref[i];
+  }
+  c.rms_err = std::sqrt(se / static_cast<double>(ref.size()));
+  c.rms_ref = std::sqrt(sr / static_cast<double>(ref.size()));
+  return c;
+}
+
+std::vector<double> train_gpu(gpu::CudaExecutor& ex, const std::vector<std::int32_t>& tokens,
+                              const std::vector<std::int32_t>& targets, double loss_scale,
+                              const tk::AdamWSettings& adamw) {
+  must(ex.init_parameters(kSeed), "init_parameters");
+  ex.set_loss_scale(loss_scale);
+  std::vector<double> losses;
+  for (int step = 1; step <= kSteps; ++step) {
+    must(ex.set_batch(tokens, targets), "set_batch");
+    must(ex.train_step(adamw, step), "train_step");
+    losses.push_back(must(ex.mean_loss(), "mean_loss"));
+  }
+  return losses;
+}
+
+void write_json_array(std::FILE* f, const char* key, const std::vector<double>& v, bool comma) {
+  std::fprintf(f, "  \"%s\": [", key);
+  for (std::size_t i = 0; i < v.size(); ++i) std::fprintf(f, "%s%.9g", i ? ", " : "", v[i]);
+  std::fprintf(f, "]%s\n", comma ? "," : "");
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const std::string export_dir = argc > 1 ? argv[1] : "";
+  int device_count = 0;
+  if (cudaGetDeviceCount(&device_count) != cudaSuccess || device_count == 0) {
+    std::fprintf(stderr, "FATAL no CUDA device visible: this test needs a GPU\n");
+    return 100;
+  }
+  const tk::GptConfig c = small_gpt();
+  const std::int64_t BT = c.batch * c.seq_len;
+  const auto stream_tokens = make_tokens(static_cast<std::size_t>(BT) + 1, 300);
+  std::vector<std::int32_t> tokens(stream_tokens.begin(), stream_tokens.end() - 1);
+  std::vector<std::int32_t> targets(stream_tokens.begin() + 1, stream_tokens.end());
+  tk::AdamWSettings adamw;
+  adamw.learning_rate = 1e-3;
+  adamw.weight_decay = 0.1;
+  adamw.grad_clip = 1.0;
+  const double loss_scale = 1.0 / static_cast<double>(BT);
+
+  // ---- CPU reference (fp32) ----
+  const tk::Plan cpu_plan = make_plan({}, 1);
+  tk::CpuExecutor<float> cpu(cpu_plan);
+  const tk::Graph& cg = cpu.plan().graph;
+  cpu.init_parameters(kSeed);
+  std::vector<std::vector<float>> init_params;
+  for (auto p : cg.params) init_params.emplace_back(cpu.values(p).begin(), cpu.values(p).end());
+  auto load_batch = [&]() {
+    std::copy(tokens.begin(), tokens.end(), cpu.ints(cg.tokens));
+    std::copy(targets.begin(), targets.end(), cpu.ints(cg.targets));
+  };
+  load_batch();
+  cpu.set_loss_scale(loss_scale);
+  cpu.run_forward();
+  const tk::TensorId cpu_logits_id = find(cg, "logits");
+  const std::vector<float> cpu_logits(cpu.values(cpu_logits_id).begin(),
+                                      cpu.values(cpu_logits_id).end());
+  const double cpu_loss0 = cpu.mean_loss();
+  std::vector<double> cpu_losses;
+  for (int step = 1; step <= kSteps; ++step) {
+    load_batch();
+    must(cpu.run_forward_backward(nullptr), "cpu forward_backward");
+    cpu_losses.push_back(cpu.mean_loss());
+    cpu.run_optimizer(adamw, step);
+  }
+
+  // ---- CUDA executor, graph replay ----
+  const tk::Plan gpu_plan = make_plan(tk::Precision::cuda_bf16(), 1);
+  std::printf("plan: %zu ops, arena %s\n", gpu_plan.graph.ops.size(),
+              tk::format_bytes(gpu_plan.memory.arena_bytes).c_str());
+  {
+    // the CPU-typed plan must be refused with a message, not run
+    auto refused = gpu::CudaExecutor::create(cpu_plan);
+    check(!refused && refused.error().message.find("cuda_bf16") != std::string::npos,
+          "an fp32 plan is refused: " +
+              (refused ? std::string("accepted") : refused.error().message));
+  }
+  auto ex = must(gpu::CudaExecutor::create(gpu_plan), "create");
+  const tk::Graph& gg = ex->plan().graph;
+  must(ex->init_parameters(kSeed), "init_parameters");
+  bool same_init = gg.params.size() == cg.params.size();
+  for (std::size_t i = 0; same_init && i < gg.params.size(); ++i) {
+    const auto master = must(ex->parameter(gg.params[i]), "parameter");
+    same_init = master == init_params[i];
+  }
+  check(same_init, "init_parameters: fp32 master copies equal the CPU executor's init exactly");
+  must(ex->set_batch(tokens, targets), "set_batch");
+  ex->set_loss_scale(loss_scale);
+  must(ex->run_forward(), "run_forward");
+  const auto gpu_logits = must(ex->values(find(gg, "logits")), "logits");
+  const double gpu_loss0 = must(ex->mean_loss(), "mean_loss");
+  const Compare lc = compare(gpu_logits, cpu_logits);
+  check(lc.max_abs <= 5e-2 && lc.rms_err <= 2e-2 * lc.rms_ref,
+        fmt("step 0 logits: max |gpu - cpu| %.3g (<= 5e-2), rms err %.3g = %.2f%% of rms %.3g "
+            "(<= 2%%)",
+            lc.max_abs, lc.rms_err, 100 * lc.rms_err / lc.rms_ref, lc.rms_ref));
+  check(std::fabs(gpu_loss0 - cpu_loss0) <= 5e-3 * cpu_loss0,
+        fmt("step 0 loss: gpu %.6f cpu %.6f (relative %.2e <= 5e-3)", gpu_loss0, cpu_loss0,
+            std::fabs(gpu_loss0 - cpu_loss0) / cpu_loss0));
+
+  const auto graph_losses = train_gpu(*ex, tokens, targets, loss_scale, adamw);
+  check(ex->graphs_captured() >= 1 && ex->graph_nodes() > 0,
+        fmt("whole step captured as a CUDA Graph: %zu graphs, %zu nodes in the step graph",
+            ex->graphs_captured(), ex->graph_nodes()));
+  double worst = 0;
+  for (int i = 0; i < kSteps; ++i) {
+    const double rel = std::fabs(graph_losses[i] - cpu_losses[i]) / std::fabs(cpu_losses[i]);
+    worst = std::max(worst, rel);
+    std::printf("  step %2d  cpu %.6f  gpu %.6f  rel %.2e\n", i + 1, cpu_losses[i], graph_losses[i],
+                rel);
+  }
+  check(worst <= 1e-2,
+        fmt("10-step losses, graph replay vs CPU: worst relative %.2e <= 1e-2", worst));
+  check(cpu_losses.back() < cpu_losses.front() - 0.1 &&
+            graph_losses.back() < graph_losses.front() - 0.1,
+        fmt("the loss goes down (cpu %.4f -> %.4f, gpu %.4f -> %.4f)", cpu_losses.front(),
+            cpu_losses.back(), graph_losses.front(), graph_losses.back()));
+  const auto mem = ex->memory();
+  std::printf("device memory: arena %s, used on the device %s\n",
+              tk::format_bytes(mem.arena_bytes).c_str(), tk::format_bytes(mem.used_bytes).c_str());
+
+  // ---- op by op ----
+  gpu::CudaExecutorOptions eager;
+  eager.mode = gpu::ExecutionMode::op_by_op;
+  auto ex2 = must(gpu::CudaExecutor::create(gpu_plan, eager), "create op-by-op");
+  const auto eager_losses = train_gpu(*ex2, tokens, targets, loss_scale, adamw);
+  worst = 0;
+  for (int i = 0; i < kSteps; ++i)
+    worst = std::max(worst, std::fabs(eager_losses[i] - graph_losses[i]) / graph_losses[i]);
+  check(
+      ex2->graphs_captured() == 0 && worst <= 1e-3,
+      fmt("op by op: no graph, losses equal graph replay's (worst relative %.2e <= 1e-3)", worst));
+
+  // ---- unfused classifier ----
+  gpu::CudaExecutorOptions unfused;
+  unfused.fuse_classifier = false;
+  auto ex3 = must(gpu::CudaExecutor::create(gpu_plan, unfused), "create unfused");
+  const auto unfused_losses = train_gpu(*ex3, tokens, targets, loss_scale, adamw);
+  worst = 0;
+  for (int i = 0; i < kSteps; ++i)
+    worst = std::max(worst, std::fabs(unfused_losses[i] - graph_losses[i]) / graph_losses[i]);
+  check(worst <= 1e-3,
+        fmt("separate crossentropy forward/backward kernels: same losses (worst %.2e)", worst));
+
+  // ---- data-parallel hook ----
+  const tk::Plan dp_plan = make_plan(tk::Precision::cuda_bf16(), 2);
+  const auto& buckets = dp_plan.comm.buckets;
+  bool covered = !buckets.empty();
+  for (auto p : dp_plan.graph.params) {
+    const tk::TensorId gt = dp_plan.graph[p].grad;
+    const std::size_t off = dp_plan.memory.offsets[static_cast<std::size_t>(gt)];
+    const std::size_t end = off + dp_plan.graph[gt].bytes();
+    bool in = false;
+    for (const auto& b : buckets) in = in || (off >= b.offset && end <= b.offset + b.bytes);
+    covered = covered && in;
+  }
+  check(covered, fmt("2-rank plan: %zu buckets, every parameter gradient inside one bucket range",
+                     buckets.size()));
+  DoublingCommunicator doubling;
+  auto ex4 = must(gpu::CudaExecutor::create(dp_plan, {}, &doubling), "create dp");
+  const auto dp_losses = train_gpu(*ex4, tokens, targets, loss_scale / 2, adamw);
+  worst = 0;
+  for (int i = 0; i < kSteps; ++i)
+    worst = std::max(worst, std::fabs(dp_losses[i] - graph_losses[i]) / graph_losses[i]);
+  check(doubling.calls == 2 * static_cast<int>(buckets.size()) && worst <= 1e-3,
+        fmt("side-stream all-reduce: %d calls (eager step + capture = 2 x %zu buckets), losses of "
+            "'2 ranks' with half the loss scale equal 1 rank's (worst %.2e <= 1e-3)",
+            doubling.calls, buckets.size(), worst));
+
+  // ---- export for the PyTorch reference ----
+  if (!export_dir.empty()) {
+    std::ofstream pf(export_dir + "/gpt2_small_params.bin", std::ios::binary);
+    for (const auto& v : init_params)
+      pf.write(reinterpret_cast<const char*>(v.data()),
+               static_cast<std::streamsize>(v.size() * sizeof(float)));
+    std::ofstream bf(export_dir + "/gpt2_small_batch.bin", std::ios::binary);
+    bf.write(reinterpret_cast<const char*>(tokens.data()),
+             static_cast<std::streamsize>(tokens.size() * 4));
+    bf.write(reinterpret_cast<const char*>(targets.data()),
+             static_cast<std::streamsize>(targets.size() * 4));
+    std::FILE* f = std::fopen((export_dir + "/gpt2_small.json").c_str(), "w");
+    if (f == nullptr) {
+      std::fprintf(stderr, "FATAL cannot write %s/gpt2_small.json\n", export_dir.c_str());
+      return 100;
+    }
+    std::fprintf(f, "{\n  \"n_layer\": %lld, \"n_embd\": %lld, \"n_head\": %lld,\n",
+                 static_cast<long long>(c.n_layer), static_cast<long long>(c.n_embd),
+                 static_cast<long long>(c.n_head));
+    std::fprintf(f, "  \"block_size\": %lld, \"vocab_size\": %lld, \"padded_vocab\": %lld,\n",
+                 static_cast<long long>(c.block_size), static_cast<long long>(c.vocab_size),
+                 static_cast<long long>(cg[cg.params[0]].shape[0]));
+    std::fprintf(f, "  \"batch\": %lld, \"seq_len\": %lld, \"steps\": %d,\n",
+                 static_cast<long long>(c.batch), static_cast<long long>(c.seq_len), kSteps);
+    std::fprintf(f,
+                 "  \"learning_rate\": %.9g, \"beta1\": %.9g, \"beta2\": %.9g, \"epsilon\": %.9g, "
+                 "\"weight_decay\": %.9g, \"grad_clip\": %.9g,\n",
+                 adamw.learning_rate, adamw.beta1, adamw.beta2, adamw.epsilon, adamw.weight_decay,
+                 adamw.grad_clip);
+    std::fprintf(f, "  \"params\": [");
+    for (std::size_t i = 0; i < cg.params.size(); ++i) {
+      const auto& t = cg[cg.params[i]];
+      std::fprintf(f, "%s{\"name\": \"%s\", \"shape\": [", i ? ", " : "", t.name.c_str());
+      for (std::size_t k = 0; k < t.shape.size(); ++k)
+        std::fprintf(f, "%s%lld", k ? ", " : "", static_cast<long long>(t.shape[k]));
+      std::fprintf(f, "], \"decayed\": %s}", t.decayed ? "true" : "false");
+    }
+    std::fprintf(f, "],\n");
+    write_json_array(f, "cpu_fp32_losses", cpu_losses, true);
+    write_json_array(f, "cuda_bf16_losses", graph_losses, true);
+    write_json_array(f, "cuda_bf16_op_by_op_losses", eager_losses, true);
+    std::fprintf(f, "  \"cpu_step0_loss\": %.9g, \"cuda_step0_loss\": %.9g\n}\n", cpu_loss0,
+                 gpu_loss0);
+    std::fclose(f);
+    std::printf("exported init, batch and losses to %s\n", export_dir.c_str());
+  }
+  std::printf("%d of %d checks failed\n", g_failures, g_checks);
+  return g_failures;
+}
