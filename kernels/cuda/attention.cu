@@ -19,11 +19,24 @@ namespace topolaunch::kernels::cuda {
 
 // Which implementation attention_forward/attention_backward use; the test and the benchmark call
 // both through the *_with entry points below.
-// tensor_core: forward blocks of 128 queries (8 warps); tensor_core_m64: of 64 (4 warps); both
-// share the backward. Pointers not 16-byte aligned take the simple path.
-enum class AttentionKernel { simple, tensor_core, tensor_core_m64 };
-constexpr AttentionKernel kDefaultAttentionKernel = AttentionKernel::simple;
+// The tensor-core kinds differ in the forward only: tensor_core = blocks of 128 queries, 8 warps
+// of 16 rows; tensor_core_m64 = 64 queries, 4 warps of 16 rows; tensor_core_w32 = 128 queries,
+// 4 warps of 32 rows. They share the backward. tensor_core_atomic = tensor_core's forward and FA2's
+// backward schedule (dQ by fp32 atomics, B*T*C*4 more workspace bytes: see
+// attention_backward_workspace_bytes_with). Pointers not 16-byte aligned take the simple path.
+enum class AttentionKernel {
+  simple,
+  tensor_core,
+  tensor_core_m64,
+  tensor_core_w32,
+  tensor_core_atomic
+};
+constexpr AttentionKernel kDefaultForwardKernel = AttentionKernel::simple;
+constexpr AttentionKernel kDefaultBackwardKernel = AttentionKernel::simple;
 
+std::size_t attention_backward_workspace_bytes_with(AttentionKernel kind, std::int64_t B,
+                                                    std::int64_t T, std::int64_t C,
+                                                    std::int64_t NH);
 cudaError_t attention_forward_with(AttentionKernel kind, __nv_bfloat16* y, float* lse,
                                    const __nv_bfloat16* qkv, std::int64_t B, std::int64_t T,
                                    std::int64_t C, std::int64_t NH, cudaStream_t stream);
@@ -43,7 +56,7 @@ constexpr float kLn2 = 0.6931471805599453f;
 // Shapes every kernel here can index with 32-bit tile counts and 64-bit element offsets.
 bool shape_ok(std::int64_t B, std::int64_t T, std::int64_t C, std::int64_t NH) {
   return B > 0 && T > 0 && NH > 0 && C > 0 && C % NH == 0 && C / NH == kHeadSize &&
-         B * NH <= 65535 && T <= (std::int64_t{1} << 30);
+         B * NH <= 65535 && T <= (std::int64_t{1} << 20);
 }
 
 // ---- simple: CUDA cores --------------------------------------------------------------------
@@ -283,12 +296,15 @@ __device__ __forceinline__ std::uint32_t swz(int r, int c) {
 __device__ __forceinline__ void cp_async16(std::uint32_t dst, const void* src, bool valid) {
   // src-size 0 zero-fills the 16 bytes (rows past the end of the sequence)
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
-               "r"(valid ? 16 : 0));
+               "r"(valid ? 16 : 0)
+               : "memory");
 }
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+__device__ __forceinline__ void cp_async_commit() {
+  asm volatile("cp.async.commit_group;\n" ::: "memory");
+}
 template <int N>
 __device__ __forceinline__ void cp_async_wait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
 }
 __device__ __forceinline__ void ldmatrix_x4(std::uint32_t (&r)[4], std::uint32_t addr) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
@@ -308,6 +324,12 @@ __device__ __forceinline__ void mma16816(float (&d)[4], const std::uint32_t (&a)
       "{%8,%9}, {%0,%1,%2,%3};\n"
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+// 2^x on the SFU (ex2.approx.ftz: flushes denormal results to 0, exp2(-inf) = 0).
+__device__ __forceinline__ float fast_exp2(float x) {
+  float r;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(r) : "f"(x));
+  return r;
 }
 __device__ __forceinline__ std::uint32_t pack_bf16(float lo, float hi) {
   const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
@@ -332,7 +354,8 @@ __device__ __forceinline__ void load_row_stats(float* s, const float* g, int r0,
   const int i = threadIdx.x & (kTile - 1);
   const bool ok = r0 + i < T;
   asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(smem_u32(s + i)),
-               "l"(g + (ok ? r0 + i : 0)), "r"(ok ? 4 : 0));
+               "l"(g + (ok ? r0 + i : 0)), "r"(ok ? 4 : 0)
+               : "memory");
 }
 // The A operand (16 rows x 64 columns = 4 k-steps) of one warp from rows [row, row+16) of a tile.
 __device__ __forceinline__ void load_a_frags(std::uint32_t (&f)[4][4], const bf16* tile, int row,
@@ -343,17 +366,21 @@ __device__ __forceinline__ void load_a_frags(std::uint32_t (&f)[4][4], const bf1
     ldmatrix_x4(f[k], base + swz(row + (lane & 7) + ((lane >> 3) & 1) * 8, 2 * k + (lane >> 4)));
 }
 // acc (16 x 64) = A (16 x 64, registers) * tile^T, tile = 64 rows x 64 columns (B non-transposed:
-// the tile's rows are the output columns).
+// the tile's rows are the output columns). Every row an ldmatrix lane addresses here has
+// row % 8 == lane % 8, so the swizzle is a per-lane constant plus immediate row offsets.
 __device__ __forceinline__ void mma_abt(float (&acc)[8][4], const std::uint32_t (&a)[4][4],
                                         const bf16* tile, int lane) {
-  const std::uint32_t base = smem_u32(tile);
+  const int lr = lane & 7, hi = lane >> 3;
+  const std::uint32_t base = smem_u32(tile) + lr * 128;
+  const std::uint32_t off[2] = {static_cast<std::uint32_t>((hi ^ lr) << 4),
+                                static_cast<std::uint32_t>(((4 + hi) ^ lr) << 4)};
 #pragma unroll
   for (int n = 0; n < 8; ++n) {
     acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.f;
 #pragma unroll
     for (int k = 0; k < 4; k += 2) {
       std::uint32_t r[4];
-      ldmatrix_x4(r, base + swz(n * 8 + (lane & 7), 2 * k + (lane >> 3)));
+      ldmatrix_x4(r, base + n * 1024 + off[k / 2]);  // == swz(n*8 + lr, 2k + hi)
       mma16816(acc[n], a[k], r[0], r[1]);
       mma16816(acc[n], a[k + 1], r[2], r[3]);
     }
@@ -363,7 +390,11 @@ __device__ __forceinline__ void mma_abt(float (&acc)[8][4], const std::uint32_t 
 // tile's rows are the reduction index).
 __device__ __forceinline__ void mma_pb(float (&acc)[8][4], const float (&p)[8][4], const bf16* tile,
                                        int lane) {
-  const std::uint32_t base = smem_u32(tile);
+  const int lr = lane & 7, h = lane >> 4;
+  const std::uint32_t base = smem_u32(tile) + (lr + ((lane >> 3) & 1) * 8) * 128;
+  std::uint32_t off[4];
+#pragma unroll
+  for (int dn = 0; dn < 4; ++dn) off[dn] = static_cast<std::uint32_t>(((2 * dn + h) ^ lr) << 4);
 #pragma unroll
   for (int j = 0; j < 4; ++j) {
     const std::uint32_t a[4] = {
@@ -372,22 +403,81 @@ __device__ __forceinline__ void mma_pb(float (&acc)[8][4], const float (&p)[8][4
 #pragma unroll
     for (int dn = 0; dn < 4; ++dn) {
       std::uint32_t r[4];
-      ldmatrix_x4_trans(
-          r, base + swz(16 * j + (lane & 7) + ((lane >> 3) & 1) * 8, 2 * dn + (lane >> 4)));
+      // == swz(16j + lr + 8 ((lane >> 3) & 1), 2 dn + h)
+      ldmatrix_x4_trans(r, base + j * 2048 + off[dn]);
       mma16816(acc[2 * dn], a, r[0], r[1]);
       mma16816(acc[2 * dn + 1], a, r[2], r[3]);
     }
   }
 }
 
-// Forward. grid (B*NH, ceil(T/kM)), block 32*kWarps; each warp owns 16 query rows. Query blocks
-// are visited last-first (blockIdx.y reversed): the longest causal rows start first. Shared
-// memory: two stages of (K, V) tiles; the Q tile is staged in stage 1 before the loop.
-template <int kWarps>
-__global__ void __launch_bounds__(kWarps * 32)
+// The same two products for kMT 16-row m-tiles per warp: each B fragment loaded from shared
+// memory feeds kMT m-tiles (halves the shared-memory traffic per mma at kMT = 2).
+template <int kMT>
+__device__ __forceinline__ void mma_abt_mt(float (&acc)[kMT][8][4],
+                                           const std::uint32_t (&a)[kMT][4][4], const bf16* tile,
+                                           int lane) {
+  const int lr = lane & 7, hi = lane >> 3;
+  const std::uint32_t base = smem_u32(tile) + lr * 128;
+  const std::uint32_t off[2] = {static_cast<std::uint32_t>((hi ^ lr) << 4),
+                                static_cast<std::uint32_t>(((4 + hi) ^ lr) << 4)};
+#pragma unroll
+  for (int n = 0; n < 8; ++n) {
+#pragma unroll
+    for (int mt = 0; mt < kMT; ++mt)
+      acc[mt][n][0] = acc[mt][n][1] = acc[mt][n][2] = acc[mt][n][3] = 0.f;
+#pragma unroll
+    for (int k = 0; k < 4; k += 2) {
+      std::uint32_t r[4];
+      ldmatrix_x4(r, base + n * 1024 + off[k / 2]);
+#pragma unroll
+      for (int mt = 0; mt < kMT; ++mt) {
+        mma16816(acc[mt][n], a[mt][k], r[0], r[1]);
+        mma16816(acc[mt][n], a[mt][k + 1], r[2], r[3]);
+      }
+    }
+  }
+}
+template <int kMT>
+__device__ __forceinline__ void mma_pb_mt(float (&acc)[kMT][8][4], const float (&p)[kMT][8][4],
+                                          const bf16* tile, int lane) {
+  const int lr = lane & 7, h = lane >> 4;
+  const std::uint32_t base = smem_u32(tile) + (lr + ((lane >> 3) & 1) * 8) * 128;
+  std::uint32_t off[4];
+#pragma unroll
+  for (int dn = 0; dn < 4; ++dn) off[dn] = static_cast<std::uint32_t>(((2 * dn + h) ^ lr) << 4);
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    std::uint32_t a[kMT][4];
+#pragma unroll
+    for (int mt = 0; mt < kMT; ++mt) {
+      a[mt][0] = pack_bf16(p[mt][2 * j][0], p[mt][2 * j][1]);
+      a[mt][1] = pack_bf16(p[mt][2 * j][2], p[mt][2 * j][3]);
+      a[mt][2] = pack_bf16(p[mt][2 * j + 1][0], p[mt][2 * j + 1][1]);
+      a[mt][3] = pack_bf16(p[mt][2 * j + 1][2], p[mt][2 * j + 1][3]);
+    }
+#pragma unroll
+    for (int dn = 0; dn < 4; ++dn) {
+      std::uint32_t r[4];
+      ldmatrix_x4_trans(r, base + j * 2048 + off[dn]);
+#pragma unroll
+      for (int mt = 0; mt < kMT; ++mt) {
+        mma16816(acc[mt][2 * dn], a[mt], r[0], r[1]);
+        mma16816(acc[mt][2 * dn + 1], a[mt], r[2], r[3]);
+      }
+    }
+  }
+}
+
+// Forward. grid (B*NH, ceil(T/kM)), block 32*kWarps; each warp owns kMT*16 consecutive query
+// rows. Query blocks are visited last-first (blockIdx.y reversed): the longest causal rows start
+// first. Shared memory: two stages of (K, V) tiles; the Q tile is staged in stage 1 before the
+// loop. Scores are kept in log2 units (scale_log2 = log2(e)/sqrt(hs)).
+template <int kWarps, int kMT, int kMinBlocks>
+__global__ void __launch_bounds__(kWarps * 32, kMinBlocks)
     tc_forward_kernel(bf16* y, float* lse, const bf16* qkv, int T, int C, int NH,
                       float scale_log2) {
-  constexpr int kM = 16 * kWarps, kThreads = 32 * kWarps;
+  constexpr int kWarpRows = 16 * kMT, kM = kWarpRows * kWarps, kThreads = 32 * kWarps;
   static_assert(kM <= 2 * kTile, "the Q tile must fit in one (K, V) stage");
   __shared__ __align__(128) bf16 sm[2][2][kTileElems];
   const int bh = blockIdx.x, b = bh / NH, h = bh % NH;
@@ -406,16 +496,22 @@ __global__ void __launch_bounds__(kWarps * 32)
   cp_async_commit();
   cp_async_wait<1>();
   __syncthreads();
-  const int row_w = q0 + warp * 16;
-  std::uint32_t qf[4][4];
-  load_a_frags(qf, &sm[1][0][0], warp * 16, lane);
+  const int row_w = q0 + warp * kWarpRows;  // this warp's first row
+  std::uint32_t qf[kMT][4][4];
+#pragma unroll
+  for (int mt = 0; mt < kMT; ++mt)
+    load_a_frags(qf[mt], &sm[1][0][0], warp * kWarpRows + 16 * mt, lane);
   __syncthreads();
 
-  float o[8][4];
+  float o[kMT][8][4];
 #pragma unroll
-  for (int n = 0; n < 8; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
-  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
-  const int r0 = row_w + g;  // this thread's rows: r0 and r0 + 8
+  for (int mt = 0; mt < kMT; ++mt)
+#pragma unroll
+    for (int n = 0; n < 8; ++n) o[mt][n][0] = o[mt][n][1] = o[mt][n][2] = o[mt][n][3] = 0.f;
+  // this thread's rows: row_w + 16 mt + g + 8 i, statistics m, l indexed [mt][i]
+  float m[kMT][2], l[kMT][2];
+#pragma unroll
+  for (int mt = 0; mt < kMT; ++mt) m[mt][0] = m[mt][1] = -INFINITY, l[mt][0] = l[mt][1] = 0.f;
   for (int t = 0; t < n_tiles; ++t) {
     if (t + 1 < n_tiles) {
       const int s1 = (t + 1) & 1;
@@ -428,57 +524,70 @@ __global__ void __launch_bounds__(kWarps * 32)
     }
     __syncthreads();
     const int k0 = t * kTile;
-    if (k0 <= row_w + 15) {  // else every key of the tile is in this warp's future
-      float s[8][4];
-      mma_abt(s, qf, &sm[t & 1][0][0], lane);
-      const bool diag = k0 + kTile - 1 > row_w;
-      float mx[2] = {m[0], m[1]};
+    if (k0 <= row_w + kWarpRows - 1) {  // else every key of the tile is in this warp's future
+      float s[kMT][8][4];
+      mma_abt_mt<kMT>(s, qf, &sm[t & 1][0][0], lane);
+      const bool diag = k0 + kTile - 1 > row_w;  // some key of the tile is after some row
 #pragma unroll
-      for (int n = 0; n < 8; ++n) {
+      for (int mt = 0; mt < kMT; ++mt) {
+        const int r0 = row_w + 16 * mt + g;
+        float mx[2] = {m[mt][0], m[mt][1]};
 #pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          float v = s[n][e] * scale_log2;
-          if (diag && k0 + n * 8 + 2 * tig + (e & 1) > r0 + (e >> 1) * 8) v = -INFINITY;
-          s[n][e] = v;
-          mx[e >> 1] = fmaxf(mx[e >> 1], v);
+        for (int n = 0; n < 8; ++n) {
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            float v = s[mt][n][e] * scale_log2;
+            if (diag && k0 + n * 8 + 2 * tig + (e & 1) > r0 + (e >> 1) * 8) v = -INFINITY;
+            s[mt][n][e] = v;
+            mx[e >> 1] = fmaxf(mx[e >> 1], v);
+          }
+        }
+        float corr[2];
+#pragma unroll
+        for (int i = 0; i < 2; ++i) {
+          mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], 1));
+          mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], 2));
+          // key 0 is in tile 0 for every row, so mx is finite from the first tile on
+          corr[i] = fast_exp2(m[mt][i] - mx[i]);
+          m[mt][i] = mx[i];
+          l[mt][i] *= corr[i];
+        }
+#pragma unroll
+        for (int n = 0; n < 8; ++n) {
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const float p = fast_exp2(s[mt][n][e] - m[mt][e >> 1]);
+            s[mt][n][e] = p;
+            l[mt][e >> 1] += p;
+            o[mt][n][e] *= corr[e >> 1];
+          }
         }
       }
-      float corr[2];
-#pragma unroll
-      for (int i = 0; i < 2; ++i) {
-        mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], 1));
-        mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], 2));
-        corr[i] = exp2f(m[i] - mx[i]);  // key 0 is in tile 0 for every row: mx is finite
-        m[i] = mx[i];
-        l[i] *= corr[i];
-      }
-#pragma unroll
-      for (int n = 0; n < 8; ++n) {
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const float p = exp2f(s[n][e] - m[e >> 1]);
-          s[n][e] = p;
-          l[e >> 1] += p;
-          o[n][e] *= corr[e >> 1];
-        }
-      }
-      mma_pb(o, s, &sm[t & 1][1][0], lane);
+      mma_pb_mt<kMT>(o, s, &sm[t & 1][1][0], lane);
     }
     __syncthreads();
   }
   bf16* yb = y + static_cast<std::int64_t>(b) * T * C + h * kHeadSize;
 #pragma unroll
-  for (int i = 0; i < 2; ++i) {
-    l[i] += __shfl_xor_sync(0xffffffffu, l[i], 1);
-    l[i] += __shfl_xor_sync(0xffffffffu, l[i], 2);
-    const int r = r0 + 8 * i;
-    if (r >= T) continue;
-    const float inv = 1.f / l[i];
+  for (int mt = 0; mt < kMT; ++mt) {
 #pragma unroll
-    for (int n = 0; n < 8; ++n)
-      *reinterpret_cast<__nv_bfloat162*>(yb + static_cast<std::int64_t>(r) * C + n * 8 + 2 * tig) =
-          __floats2bfloat162_rn(o[n][2 * i] * inv, o[n][2 * i + 1] * inv);
-    if (tig == 0) lse[static_cast<std::int64_t>(bh) * T + r] = (m[i] + log2f(l[i])) * kLn2;
+    for (int i = 0; i < 2; ++i) {
+      l[mt][i] += __shfl_xor_sync(0xffffffffu, l[mt][i], 1);
+      l[mt][i] += __shfl_xor_sync(0xffffffffu, l[mt][i], 2);
+    }
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      const int r = row_w + 16 * mt + g + 8 * i;
+      if (r >= T) continue;
+      const float inv = 1.f / l[mt][i];
+#pragma unroll
+      for (int n = 0; n < 8; ++n)
+        *reinterpret_cast<__nv_bfloat162*>(yb + static_cast<std::int64_t>(r) * C + n * 8 +
+                                           2 * tig) =
+            __floats2bfloat162_rn(o[mt][n][2 * i] * inv, o[mt][n][2 * i + 1] * inv);
+      if (tig == 0)
+        lse[static_cast<std::int64_t>(bh) * T + r] = (m[mt][i] + log2f(l[mt][i])) * kLn2;
+    }
   }
 }
 
@@ -601,7 +710,7 @@ __device__ __forceinline__ void tc_dkdv(const BwdArgs& a, int bh, int kb, bf16 (
         for (int e = 0; e < 4; ++e) {
           const int qc = n * 8 + 2 * tig + (e & 1), q = i0 + qc;
           const float lse2 = stat[st][0][qc] * kLog2e, dl = stat[st][1][qc];
-          float p = exp2f(s[n][e] * a.scale_log2 - lse2);
+          float p = fast_exp2(s[n][e] * a.scale_log2 - lse2);
           if ((diag && q < kr0 + (e >> 1) * 8) || (tail && q >= T)) p = 0.f;
           s[n][e] = p;
           dp[n][e] = p * (dp[n][e] - dl);
@@ -676,7 +785,7 @@ __device__ __forceinline__ void tc_dq(const BwdArgs& a, int bh, int qb, bf16 (*s
       for (int n = 0; n < 8; ++n) {
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
-          float p = exp2f(s[n][e] * a.scale_log2 - lse2[e >> 1]);
+          float p = fast_exp2(s[n][e] * a.scale_log2 - lse2[e >> 1]);
           if (diag && k0 + n * 8 + 2 * tig + (e & 1) > r0 + (e >> 1) * 8) p = 0.f;
           dp[n][e] = p * (dp[n][e] - dl[e >> 1]);
         }
@@ -692,7 +801,7 @@ __device__ __forceinline__ void tc_dq(const BwdArgs& a, int bh, int qb, bf16 (*s
 // One launch for both backward roles so that they fill each other's tails: grid (B*NH, 2*nb),
 // even blockIdx.y = dK/dV of key block y/2 (block 0 has the most queries), odd = dQ of query
 // block nb-1-y/2 (the last has the most keys): the heaviest blocks of both roles start first.
-__global__ void __launch_bounds__(kBwdWarps * 32) tc_backward_kernel(BwdArgs a) {
+__global__ void __launch_bounds__(kBwdWarps * 32, 3) tc_backward_kernel(BwdArgs a) {
   __shared__ __align__(128) bf16 sm[2][2][kTileElems];
   __shared__ __align__(16) float stat[2][2][kTile];
   const int nb = static_cast<int>(gridDim.y / 2), idx = static_cast<int>(blockIdx.y >> 1);
@@ -702,15 +811,169 @@ __global__ void __launch_bounds__(kBwdWarps * 32) tc_backward_kernel(BwdArgs a) 
     tc_dkdv(a, static_cast<int>(blockIdx.x), idx, sm, stat);
 }
 
+// FA2's backward schedule, for comparison: one block per key block computes dK and dV as in
+// tc_dkdv and also dQ's share of the block, dS K, added into an fp32 (B*NH, T, 64) accumulator in
+// the workspace with atomics; a last kernel adds the accumulator into dqkv. Five products per tile
+// instead of the 4 + 3 of the split schedule, but atomics (whose order, hence dQ's last bits,
+// varies from run to run) and B*T*C fp32 more workspace.
+__global__ void __launch_bounds__(kBwdWarps * 32, 3)
+    tc_backward_atomic_kernel(BwdArgs a, float* dq_acc) {
+  constexpr int kThreads = 32 * kBwdWarps;
+  __shared__ __align__(128) bf16 sm[2][2][kTileElems];  // stages of (Q, dO)
+  __shared__ __align__(128) bf16 ks[kTileElems];        // this block's K: B operand of dS K
+  __shared__ __align__(16) float stat[2][2][kTile];
+  const int bh = static_cast<int>(blockIdx.x), kb = static_cast<int>(blockIdx.y);
+  const int b = bh / a.NH, h = bh % a.NH, T = a.T;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, tig = lane & 3;
+  const std::int64_t C3 = 3 * static_cast<std::int64_t>(a.C);
+  const bf16* qg = a.qkv + static_cast<std::int64_t>(b) * T * C3 + h * kHeadSize;
+  const bf16* dog = a.dy + static_cast<std::int64_t>(b) * T * a.C + h * kHeadSize;
+  const float* lseg = a.lse + static_cast<std::int64_t>(bh) * T;
+  const float* dlg = a.delta + static_cast<std::int64_t>(bh) * T;
+  float* dqg = dq_acc + static_cast<std::int64_t>(bh) * T * kHeadSize;
+  const int key0 = kb * kTile, key_w = key0 + warp * 16;
+  const int n_q = (T + kTile - 1) / kTile;
+
+  load_tile<kTile, kThreads>(ks, qg + a.C, C3, key0, T);
+  load_tile<kTile, kThreads>(&sm[1][1][0], qg + 2 * a.C, C3, key0, T);
+  cp_async_commit();
+  auto load_queries = [&](int stage, int tile) {
+    const int i0 = tile * kTile;
+    load_tile<kTile, kThreads>(&sm[stage][0][0], qg, C3, i0, T);
+    load_tile<kTile, kThreads>(&sm[stage][1][0], dog, a.C, i0, T);
+    load_row_stats(threadIdx.x < kTile ? &stat[stage][0][0] : &stat[stage][1][0],
+                   threadIdx.x < kTile ? lseg : dlg, i0, T);
+    cp_async_commit();
+  };
+  load_queries(0, kb);
+  cp_async_wait<1>();
+  __syncthreads();
+  std::uint32_t kf[4][4], vf[4][4];
+  load_a_frags(kf, ks, warp * 16, lane);
+  load_a_frags(vf, &sm[1][1][0], warp * 16, lane);
+  __syncthreads();
+
+  float dk[8][4], dv[8][4];
+#pragma unroll
+  for (int n = 0; n < 8; ++n)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) dk[n][e] = dv[n][e] = 0.f;
+  const int kr0 = key_w + g;
+  const std::uint32_t ks_base = smem_u32(ks);
+  for (int t = kb; t < n_q; ++t) {
+    const int st = (t - kb) & 1;
+    if (t + 1 < n_q) {
+      load_queries(st ^ 1, t + 1);
+      cp_async_wait<1>();
+    } else {
+      cp_async_wait<0>();
+    }
+    __syncthreads();
+    const int i0 = t * kTile;
+    float s[8][4], dp[8][4];
+    mma_abt(s, kf, &sm[st][0][0], lane);
+    mma_abt(dp, vf, &sm[st][1][0], lane);
+    const bool diag = t == kb, tail = i0 + kTile > T;
+#pragma unroll
+    for (int n = 0; n < 8; ++n) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int qc = n * 8 + 2 * tig + (e & 1), q = i0 + qc;
+        const float lse2 = stat[st][0][qc] * kLog2e, dl = stat[st][1][qc];
+        float p = fast_exp2(s[n][e] * a.scale_log2 - lse2);
+        if ((diag && q < kr0 + (e >> 1) * 8) || (tail && q >= T)) p = 0.f;
+        s[n][e] = p;
+        dp[n][e] = p * (dp[n][e] - dl);
+      }
+    }
+    mma_pb(dv, s, &sm[st][1][0], lane);
+    mma_pb(dk, dp, &sm[st][0][0], lane);
+    __syncthreads();  // every warp is done with this stage's dO: its slot takes dS^T
+    {
+      const std::uint32_t ds_base = smem_u32(&sm[st][1][0]);
+#pragma unroll
+      for (int n = 0; n < 8; ++n)
+#pragma unroll
+        for (int i = 0; i < 2; ++i) {
+          const std::uint32_t v = pack_bf16(dp[n][2 * i], dp[n][2 * i + 1]);
+          asm volatile(
+              "st.shared.b32 [%0], %1;\n" ::"r"(ds_base + swz(warp * 16 + g + 8 * i, n) + 4 * tig),
+              "r"(v)
+              : "memory");
+        }
+    }
+    __syncthreads();
+    {
+      // dQ rows warp*16.. of this query tile: A = dS (queries x keys) read transposed from the
+      // dS^T tile, B = K (keys x d).
+      const std::uint32_t ds_base = smem_u32(&sm[st][1][0]);
+      float dq[8][4];
+#pragma unroll
+      for (int n = 0; n < 8; ++n) dq[n][0] = dq[n][1] = dq[n][2] = dq[n][3] = 0.f;
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        std::uint32_t af[4];
+        ldmatrix_x4_trans(
+            af, ds_base + swz(16 * j + (lane & 7) + 8 * (lane >> 4), warp * 2 + ((lane >> 3) & 1)));
+#pragma unroll
+        for (int dn = 0; dn < 4; ++dn) {
+          std::uint32_t r[4];
+          ldmatrix_x4_trans(
+              r, ks_base + swz(16 * j + (lane & 7) + ((lane >> 3) & 1) * 8, 2 * dn + (lane >> 4)));
+          mma16816(dq[2 * dn], af, r[0], r[1]);
+          mma16816(dq[2 * dn + 1], af, r[2], r[3]);
+        }
+      }
+#pragma unroll
+      for (int i = 0; i < 2; ++i) {
+        const int q = i0 + warp * 16 + g + 8 * i;
+        if (q >= T) continue;
+#pragma unroll
+        for (int n = 0; n < 8; ++n)
+          atomicAdd(reinterpret_cast<float2*>(dqg + static_cast<std::int64_t>(q) * kHeadSize +
+                                              n * 8 + 2 * tig),
+                    make_float2(dq[n][2 * i], dq[n][2 * i + 1]));
+      }
+    }
+    __syncthreads();
+  }
+  add_rows_bf16(a.dqkv + static_cast<std::int64_t>(b) * T * C3 + a.C + h * kHeadSize, C3, key_w, T,
+                dk, a.scale, lane);
+  add_rows_bf16(a.dqkv + static_cast<std::int64_t>(b) * T * C3 + 2 * a.C + h * kHeadSize, C3, key_w,
+                T, dv, 1.f, lane);
+}
+
+// dqkv[b, t, h*64 + d] += scale * dq_acc[b*NH + h, t, d]; 8 values per thread.
+__global__ void tc_dq_add_kernel(bf16* dqkv, const float* dq_acc, std::int64_t chunks, int T, int C,
+                                 int NH, float scale) {
+  const std::int64_t idx = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x;
+  if (idx >= chunks) return;
+  const std::int64_t row = idx >> 3;  // (bh, t)
+  const int c = static_cast<int>(idx & 7);
+  const std::int64_t bh = row / T, t = row % T, b = bh / NH, h = bh % NH;
+  const float4 a0 = reinterpret_cast<const float4*>(dq_acc)[idx * 2];
+  const float4 a1 = reinterpret_cast<const float4*>(dq_acc)[idx * 2 + 1];
+  uint4* p = reinterpret_cast<uint4*>(dqkv + (b * T + t) * 3 * C + h * kHeadSize + c * 8);
+  uint4 v = *p;
+  __nv_bfloat162* v2 = reinterpret_cast<__nv_bfloat162*>(&v);
+  const float add[8] = {a0.x, a0.y, a0.z, a0.w, a1.x, a1.y, a1.z, a1.w};
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const float2 old = __bfloat1622float2(v2[i]);
+    v2[i] = __floats2bfloat162_rn(old.x + add[2 * i] * scale, old.y + add[2 * i + 1] * scale);
+  }
+  *p = v;
+}
+
 bool aligned16(const void* p) { return (reinterpret_cast<std::uintptr_t>(p) & 15u) == 0; }
 
-template <int kWarps>
+template <int kWarps, int kMT, int kMinBlocks>
 cudaError_t tc_forward(bf16* y, float* lse, const bf16* qkv, std::int64_t B, std::int64_t T,
                        std::int64_t C, std::int64_t NH, cudaStream_t stream) {
-  constexpr int kM = 16 * kWarps;
+  constexpr int kM = 16 * kMT * kWarps;
   const dim3 grid(static_cast<unsigned>(B * NH), static_cast<unsigned>((T + kM - 1) / kM));
   const float scale_log2 = kLog2e / std::sqrt(static_cast<float>(kHeadSize));
-  tc_forward_kernel<kWarps><<<grid, kWarps * 32, 0, stream>>>(
+  tc_forward_kernel<kWarps, kMT, kMinBlocks><<<grid, kWarps * 32, 0, stream>>>(
       y, lse, qkv, static_cast<int>(T), static_cast<int>(C), static_cast<int>(NH), scale_log2);
   return cudaGetLastError();
 }
@@ -738,16 +1001,60 @@ cudaError_t tc_backward(bf16* dqkv, float* delta, const bf16* dy, const bf16* qk
   return cudaGetLastError();
 }
 
+// The delta, dK/dV-with-atomic-dQ and dQ-add kernels; the workspace holds delta, then (256-byte
+// aligned) the fp32 dQ accumulator.
+std::size_t delta_bytes_aligned(std::int64_t B, std::int64_t T, std::int64_t NH) {
+  return (static_cast<std::size_t>(B * NH * T) * sizeof(float) + 255) & ~std::size_t{255};
+}
+cudaError_t tc_backward_atomic(bf16* dqkv, void* workspace, const bf16* dy, const bf16* qkv,
+                               const bf16* y, const float* lse, std::int64_t B, std::int64_t T,
+                               std::int64_t C, std::int64_t NH, cudaStream_t stream) {
+  float* delta = static_cast<float*>(workspace);
+  float* dq_acc =
+      reinterpret_cast<float*>(static_cast<char*>(workspace) + delta_bytes_aligned(B, T, NH));
+  const std::int64_t rows = B * T * NH;
+  cudaError_t e =
+      cudaMemsetAsync(dq_acc, 0, static_cast<std::size_t>(rows) * kHeadSize * 4, stream);
+  if (e != cudaSuccess) return e;
+  tc_delta_kernel<<<static_cast<unsigned>((rows * 8 + 255) / 256), 256, 0, stream>>>(
+      delta, dy, y, rows, static_cast<int>(T), static_cast<int>(NH));
+  const float scale = 1.f / std::sqrt(static_cast<float>(kHeadSize));
+  const BwdArgs args{dqkv,
+                     delta,
+                     dy,
+                     qkv,
+                     lse,
+                     static_cast<int>(T),
+                     static_cast<int>(C),
+                     static_cast<int>(NH),
+                     scale * kLog2e,
+                     scale};
+  const dim3 grid(static_cast<unsigned>(B * NH), static_cast<unsigned>((T + kTile - 1) / kTile));
+  tc_backward_atomic_kernel<<<grid, kBwdWarps * 32, 0, stream>>>(args, dq_acc);
+  const std::int64_t chunks = rows * 8;
+  tc_dq_add_kernel<<<static_cast<unsigned>((chunks + 255) / 256), 256, 0, stream>>>(
+      dqkv, dq_acc, chunks, static_cast<int>(T), static_cast<int>(C), static_cast<int>(NH), scale);
+  return cudaGetLastError();
+}
+
 }  // namespace
 
 bool attention_supported(std::int64_t C, std::int64_t NH) {
   return C > 0 && NH > 0 && C % NH == 0 && C / NH == kHeadSize;
 }
 
+std::size_t attention_backward_workspace_bytes_with(AttentionKernel kind, std::int64_t B,
+                                                    std::int64_t T, std::int64_t C,
+                                                    std::int64_t NH) {
+  if (kind == AttentionKernel::tensor_core_atomic)
+    return delta_bytes_aligned(B, T, NH) +
+           static_cast<std::size_t>(B * T * C) * sizeof(float);  // + the fp32 dQ accumulator
+  return static_cast<std::size_t>(B * NH * T) * sizeof(float);
+}
+
 std::size_t attention_backward_workspace_bytes(std::int64_t B, std::int64_t T, std::int64_t C,
                                                std::int64_t NH) {
-  (void)C;
-  return static_cast<std::size_t>(B * NH * T) * sizeof(float);
+  return attention_backward_workspace_bytes_with(kDefaultBackwardKernel, B, T, C, NH);
 }
 
 cudaError_t attention_forward_with(AttentionKernel kind, bf16* y, float* lse, const bf16* qkv,
@@ -759,9 +1066,14 @@ cudaError_t attention_forward_with(AttentionKernel kind, bf16* y, float* lse, co
       return simple_forward(y, lse, qkv, B, T, C, NH, stream);
     case AttentionKernel::tensor_core:
     case AttentionKernel::tensor_core_m64:
+    case AttentionKernel::tensor_core_w32:
+    case AttentionKernel::tensor_core_atomic:
       if (!aligned16(y) || !aligned16(qkv)) return simple_forward(y, lse, qkv, B, T, C, NH, stream);
-      return kind == AttentionKernel::tensor_core ? tc_forward<8>(y, lse, qkv, B, T, C, NH, stream)
-                                                  : tc_forward<4>(y, lse, qkv, B, T, C, NH, stream);
+      if (kind == AttentionKernel::tensor_core || kind == AttentionKernel::tensor_core_atomic)
+        return tc_forward<8, 1, 2>(y, lse, qkv, B, T, C, NH, stream);
+      if (kind == AttentionKernel::tensor_core_m64)
+        return tc_forward<4, 1, 4>(y, lse, qkv, B, T, C, NH, stream);
+      return tc_forward<4, 2, 2>(y, lse, qkv, B, T, C, NH, stream);
   }
   return cudaErrorInvalidValue;
 }
@@ -777,22 +1089,28 @@ cudaError_t attention_backward_with(AttentionKernel kind, bf16* dqkv, void* work
       return simple_backward(dqkv, delta, dy, qkv, y, lse, B, T, C, NH, stream);
     case AttentionKernel::tensor_core:
     case AttentionKernel::tensor_core_m64:
+    case AttentionKernel::tensor_core_w32:
       if (!aligned16(dqkv) || !aligned16(dy) || !aligned16(qkv) || !aligned16(y))
         return simple_backward(dqkv, delta, dy, qkv, y, lse, B, T, C, NH, stream);
       return tc_backward(dqkv, delta, dy, qkv, y, lse, B, T, C, NH, stream);
+    case AttentionKernel::tensor_core_atomic:
+      if (!aligned16(dqkv) || !aligned16(dy) || !aligned16(qkv) || !aligned16(y) ||
+          !aligned16(workspace))
+        return simple_backward(dqkv, delta, dy, qkv, y, lse, B, T, C, NH, stream);
+      return tc_backward_atomic(dqkv, workspace, dy, qkv, y, lse, B, T, C, NH, stream);
   }
   return cudaErrorInvalidValue;
 }
 
 cudaError_t attention_forward(bf16* y, float* lse, const bf16* qkv, std::int64_t B, std::int64_t T,
                               std::int64_t C, std::int64_t NH, cudaStream_t stream) {
-  return attention_forward_with(kDefaultAttentionKernel, y, lse, qkv, B, T, C, NH, stream);
+  return attention_forward_with(kDefaultForwardKernel, y, lse, qkv, B, T, C, NH, stream);
 }
 
 cudaError_t attention_backward(bf16* dqkv, void* workspace, const bf16* dy, const bf16* qkv,
                                const bf16* y, const float* lse, std::int64_t B, std::int64_t T,
                                std::int64_t C, std::int64_t NH, cudaStream_t stream) {
-  return attention_backward_with(kDefaultAttentionKernel, dqkv, workspace, dy, qkv, y, lse, B, T, C,
+  return attention_backward_with(kDefaultBackwardKernel, dqkv, workspace, dy, qkv, y, lse, B, T, C,
                                  NH, stream);
 }
 

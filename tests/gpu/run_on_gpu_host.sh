@@ -29,21 +29,21 @@ run_attention() {
     -o "$BUILD/attention_bench" || { echo "build of attention_bench failed"; return 3; }
   cuobjdump --dump-sass "$BUILD/attention.o" 2>/dev/null | grep -c HMMA > "$OUT/attention_hmma_count.txt"
   echo "=== test_attention"
-  "$BUILD/test_attention" 2>&1 | tee "$OUT/test_attention.log"
+  timeout 150 "$BUILD/test_attention" 2>&1 | tee "$OUT/test_attention.log"
   rc=${PIPESTATUS[0]}
   echo "test_attention exit status: $rc"
-  echo "=== compute-sanitizer memcheck test_attention quick"
-  local san
-  san=$(command -v compute-sanitizer || echo "$(dirname "$NVCC")/compute-sanitizer")
-  timeout 120 "$san" --tool memcheck "$BUILD/test_attention" quick \
-    > "$OUT/test_attention_memcheck.log" 2>&1
-  echo "memcheck exit status: $?"; tail -3 "$OUT/test_attention_memcheck.log"
   echo "=== attention_bench T=1024 B=16,64"
-  "$BUILD/attention_bench" 1024 16 64 | tee "$OUT/attention_ours.json" || return 4
+  timeout 100 "$BUILD/attention_bench" 1024 16 64 | tee "$OUT/attention_ours.json" || return 4
   PYTHONUNBUFFERED=1 python3 tests/bench/kernels/attention_torch.py "$OUT/attention_ours.json" \
     > "$OUT/attention_bench.json" 2> "$OUT/attention_torch.err"
   [ $? -eq 0 ] || tail -20 "$OUT/attention_torch.err"
   cat "$OUT/attention_bench.json"
+  echo "=== compute-sanitizer memcheck test_attention quick"
+  local san
+  san=$(command -v compute-sanitizer || echo "$(dirname "$NVCC")/compute-sanitizer")
+  timeout 90 "$san" --tool memcheck "$BUILD/test_attention" quick \
+    > "$OUT/test_attention_memcheck.log" 2>&1
+  echo "memcheck exit status: $?"; tail -3 "$OUT/test_attention_memcheck.log"
   return "$rc"
 }
 if [ "${ONLY:-}" = attention ]; then

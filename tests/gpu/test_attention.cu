@@ -1,10 +1,10 @@
 // The CUDA attention kernels (kernels/cuda/attention.cu) against the CPU reference
 // (kernels/cpu/attention.hpp, run in double on the same bf16-rounded inputs), for every
-// implementation (simple, tensor_core, tensor_core_m64) and the default behind attention.cuh:
-// y, lse and dqkv on several shapes (T=1, T not a multiple of the 64-row tiles, T=1024, B>1,
-// NH>1); dqkv accumulates (random initial gradient; and twice from zero gives twice once);
-// unsupported head sizes are refused. Plain main, exit status 0 only when every check passes;
-// "test_attention quick" leaves out the T=1024 shapes (for compute-sanitizer runs).
+// implementation (simple, tensor_core, tensor_core_m64, tensor_core_w32, tensor_core_atomic) and
+// the default behind attention.cuh: y, lse and dqkv on several shapes (T=1, T not a multiple of the
+// 64-row tiles, T=1024, B>1, NH>1); dqkv accumulates (random initial gradient; and twice from zero
+// gives twice once); unsupported head sizes are refused. Plain main, exit status 0 only when every
+// check passes; "test_attention quick" leaves out the T=1024 shapes (for compute-sanitizer runs).
 //
 //   nvcc -std=c++20 -O2 -gencode=arch=compute_90,code=sm_90 -Xcompiler -fopenmp
 //        -Ikernels/cpu -Ikernels/cuda tests/gpu/test_attention.cu kernels/cuda/attention.cu
@@ -24,7 +24,16 @@
 
 namespace topolaunch::kernels::cuda {
 // The implementation selector of attention.cu (declared there; not part of attention.cuh).
-enum class AttentionKernel { simple, tensor_core, tensor_core_m64 };
+enum class AttentionKernel {
+  simple,
+  tensor_core,
+  tensor_core_m64,
+  tensor_core_w32,
+  tensor_core_atomic
+};
+std::size_t attention_backward_workspace_bytes_with(AttentionKernel kind, std::int64_t B,
+                                                    std::int64_t T, std::int64_t C,
+                                                    std::int64_t NH);
 cudaError_t attention_forward_with(AttentionKernel kind, __nv_bfloat16* y, float* lse,
                                    const __nv_bfloat16* qkv, std::int64_t B, std::int64_t T,
                                    std::int64_t C, std::int64_t NH, cudaStream_t stream);
@@ -141,15 +150,21 @@ const char* kind_name(gpu::AttentionKernel k) {
       return "tensor_core";
     case gpu::AttentionKernel::tensor_core_m64:
       return "tensor_core_m64";
+    case gpu::AttentionKernel::tensor_core_w32:
+      return "tensor_core_w32";
+    case gpu::AttentionKernel::tensor_core_atomic:
+      return "tensor_core_atomic";
   }
   return "?";
 }
 
 // Tolerances: y and dqkv are bf16 (and the tensor-core path rounds P and dS to bf16 before their
-// products); lse is fp32 from exact bf16 products.
-constexpr double kYRtol = 1.0 / 64, kYAtol = 1.0 / 128;
+// products); lse is fp32 from exact bf16 products. A numpy model of those bf16 roundings at T=1024
+// reaches about a quarter of the y and dqkv bounds; tiling errors (a key or query missed, doubled
+// or misplaced) show most on the small shapes, where one key is a large share of each row.
+constexpr double kYRtol = 1.0 / 128, kYAtol = 1.0 / 256;
 constexpr double kLseRtol = 1e-4, kLseAtol = 1e-4;
-constexpr double kGradRtol = 1.0 / 32, kGradAtol = 1.0 / 64;
+constexpr double kGradRtol = 1.0 / 64, kGradAtol = 1.0 / 128;
 
 void test_shape(std::mt19937& rng, std::int64_t B, std::int64_t T, std::int64_t NH) {
   const std::int64_t C = 64 * NH, C3 = 3 * C;
@@ -170,12 +185,21 @@ void test_shape(std::mt19937& rng, std::int64_t B, std::int64_t T, std::int64_t 
 
   Dev<bf16> d_qkv(qkv.size()), d_dy(dy.size()), d_y(y_ref.size()), d_dqkv(dqkv0.size());
   Dev<float> d_lse(lse_ref.size());
-  Dev<unsigned char> d_ws(gpu::attention_backward_workspace_bytes(B, T, C, NH));
+  // the largest workspace of all kinds (the atomic kind's); the default's must not exceed it
+  const std::size_t ws_bytes = gpu::attention_backward_workspace_bytes_with(
+      gpu::AttentionKernel::tensor_core_atomic, B, T, C, NH);
+  Dev<unsigned char> d_ws(ws_bytes);
+  expect(gpu::attention_backward_workspace_bytes(B, T, C, NH) <= ws_bytes &&
+             gpu::attention_backward_workspace_bytes_with(gpu::AttentionKernel::tensor_core, B, T,
+                                                          C, NH) ==
+                 static_cast<std::size_t>(B * NH * T) * sizeof(float),
+         "workspace bytes" + shape);
   upload(d_qkv, qkv);
   upload(d_dy, dy);
 
   for (auto kind : {gpu::AttentionKernel::simple, gpu::AttentionKernel::tensor_core,
-                    gpu::AttentionKernel::tensor_core_m64}) {
+                    gpu::AttentionKernel::tensor_core_m64, gpu::AttentionKernel::tensor_core_w32,
+                    gpu::AttentionKernel::tensor_core_atomic}) {
     const std::string tag = std::string(" [") + kind_name(kind) + "]" + shape;
     check_cuda(cudaMemset(d_y.p, 0xff, d_y.n * sizeof(bf16)), "memset y");  // NaN poison
     check_cuda(cudaMemset(d_lse.p, 0xff, d_lse.n * sizeof(float)), "memset lse");
@@ -249,11 +273,11 @@ int main(int argc, char** argv) {
   std::printf("device: %s (sm_%d%d, %d SMs)\n", prop.name, prop.major, prop.minor,
               prop.multiProcessorCount);
   std::mt19937 rng(4321);
-  test_shape(rng, 1, 1, 1);      // one token
-  test_shape(rng, 1, 64, 1);     // exactly one tile
-  test_shape(rng, 2, 100, 2);    // T not a multiple of the tile, B>1, NH>1
-  test_shape(rng, 1, 200, 3);    // three tiles and a tail; 128-row forward blocks with a tail
-  test_shape(rng, 3, 129, 12);   // GPT-2 width, one row past two tiles
+  test_shape(rng, 1, 1, 1);     // one token
+  test_shape(rng, 1, 64, 1);    // exactly one tile
+  test_shape(rng, 2, 100, 2);   // T not a multiple of the tile, B>1, NH>1
+  test_shape(rng, 1, 200, 3);   // three tiles and a tail; 128-row forward blocks with a tail
+  test_shape(rng, 3, 129, 12);  // GPT-2 width, one row past two tiles
   if (!quick) {
     test_shape(rng, 1, 1024, 12);  // GPT-2 124M sequence
     test_shape(rng, 2, 1024, 2);   // B>1 at T=1024

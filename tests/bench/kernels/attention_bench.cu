@@ -18,7 +18,16 @@
 
 namespace topolaunch::kernels::cuda {
 // The implementation selector of attention.cu (declared there; not part of attention.cuh).
-enum class AttentionKernel { simple, tensor_core, tensor_core_m64 };
+enum class AttentionKernel {
+  simple,
+  tensor_core,
+  tensor_core_m64,
+  tensor_core_w32,
+  tensor_core_atomic
+};
+std::size_t attention_backward_workspace_bytes_with(AttentionKernel kind, std::int64_t B,
+                                                    std::int64_t T, std::int64_t C,
+                                                    std::int64_t NH);
 cudaError_t attention_forward_with(AttentionKernel kind, __nv_bfloat16* y, float* lse,
                                    const __nv_bfloat16* qkv, std::int64_t B, std::int64_t T,
                                    std::int64_t C, std::int64_t NH, cudaStream_t stream);
@@ -102,6 +111,8 @@ int main(int argc, char** argv) {
     const char* name;
   } kinds[] = {{gpu::AttentionKernel::tensor_core, "tensor_core"},
                {gpu::AttentionKernel::tensor_core_m64, "tensor_core_m64"},
+               {gpu::AttentionKernel::tensor_core_w32, "tensor_core_w32"},
+               {gpu::AttentionKernel::tensor_core_atomic, "tensor_core_atomic"},
                {gpu::AttentionKernel::simple, "simple"}};
   bool first = true;
   for (const std::int64_t B : batches) {
@@ -114,7 +125,9 @@ int main(int argc, char** argv) {
     check(cudaMalloc(&y, n_y * sizeof(bf16)), "malloc");
     check(cudaMalloc(&dy, n_y * sizeof(bf16)), "malloc");
     check(cudaMalloc(&lse, B * NH * T * sizeof(float)), "malloc");
-    check(cudaMalloc(&ws, gpu::attention_backward_workspace_bytes(B, T, C, NH)), "malloc");
+    check(cudaMalloc(&ws, gpu::attention_backward_workspace_bytes_with(
+                              gpu::AttentionKernel::tensor_core_atomic, B, T, C, NH)),
+          "malloc");  // the largest of all kinds
     fill(qkv, n_qkv, 1, 2.0f);
     fill(dy, n_y, 2, 1.0f);
     check(cudaMemset(dqkv, 0, n_qkv * sizeof(bf16)), "memset");
