@@ -1,6 +1,9 @@
 #!/usr/bin/env bash
-# Builds and runs, on a 2-GPU H200 host, the NCCL communicator's test (tests/gpu/test_nccl.cpp)
-# and the all-reduce benchmark against PyTorch (tests/bench/kernels/allreduce_{bench.cpp,torch.py}).
+# Builds and runs, on a 2-GPU H200 host, the NCCL communicator's test (tests/gpu/test_nccl.cpp),
+# the all-reduce benchmark against PyTorch (tests/bench/kernels/allreduce_{bench.cpp,torch.py})
+# and, when the CUDA executor is in the tree (RUN_DDP=0 skips it), data-parallel GPT-2 124M on both
+# GPUs against PyTorch DDP + torch.compile (tests/bench/kernels/ddp_gpt2_{bench.cu,torch.py};
+# DDP_BATCH, default 64 per GPU). The executor's nvcc build runs in the background meanwhile.
 # Run from the repository root. Builds with g++ directly: the GPU host lacks toml++, CLI11 and our
 # Catch2 version, and these programs need none of them (wireup's TCP store + NCCL + cudart only).
 #
@@ -40,9 +43,35 @@ fi
 
 FLAGS=(-std=c++20 -O2 -pthread -Iwireup/include -Iwireup/src -Itopology/include -Ikernels/include
        -Ikernels/cpu -Ikernels/cuda -Itests/gpu -I"$CUDA/include" "${SSL_INC[@]}")
+
+# The data-parallel benchmark needs the executor (nvcc, minutes of compile): started now, in the
+# background, linked once the objects below exist.
+RUN_DDP=${RUN_DDP:-1}
+[ -f kernels/cuda/cuda_backend.cu ] || RUN_DDP=0
+NVCC=${NVCC:-$CUDA/bin/nvcc}
+NVFLAGS=(-std=c++20 -O2 -gencode=arch=compute_90,code=sm_90 --extended-lambda -Ikernels/include
+         -Itopology/include -Ikernels/cpu -Ikernels/cuda -Iwireup/include -Itests/gpu)
+if [ "$RUN_DDP" = 1 ]; then
+  (
+    t0=$SECONDS
+    for src in kernels/src/graph.cpp kernels/src/plan.cpp kernels/cpu/cpu_backend.cpp; do
+      $CXX -std=c++20 -O3 -fopenmp -Ikernels/include -Itopology/include -Ikernels/cpu \
+        -c "$src" -o "$BUILD/obj/ddp_$(basename "$src").o" &
+    done
+    for src in kernels/cuda/kernels.cu kernels/cuda/matmul.cu kernels/cuda/attention.cu \
+               kernels/cuda/cuda_backend.cu tests/bench/kernels/ddp_gpt2_bench.cu; do
+      "$NVCC" "${NVFLAGS[@]}" -c "$src" -o "$BUILD/obj/ddp_$(basename "$src").o" &
+    done
+    rc=0
+    for p in $(jobs -p); do wait "$p" || rc=1; done
+    echo "ddp objects compiled in $((SECONDS - t0)) s (status $rc)"
+    exit $rc
+  ) > "$BUILD/logs/ddp_build.log" 2>&1 &
+  ddp_build_pid=$!
+fi
 JOBS=${JOBS:-$(nproc)}
 compile() {  # compile SRC OBJ, at most JOBS at a time
-  while [ "$(jobs -rp | wc -l)" -ge "$JOBS" ]; do wait -n; done
+  while [ "$(jobs -rp | wc -l)" -ge "$((JOBS + 1))" ]; do sleep 0.2; done
   $CXX "${FLAGS[@]}" -c "$1" -o "$2" || touch "$BUILD/obj/FAILED" &
 }
 rm -f "$BUILD/obj/FAILED"
@@ -53,7 +82,7 @@ compile kernels/cuda/nccl_communicator.cpp "$BUILD/obj/nccl.o"
 compile kernels/cuda/nccl_communicator_env.cpp "$BUILD/obj/nccl_env.o"
 compile tests/gpu/test_nccl.cpp "$BUILD/obj/test_nccl.o"
 compile tests/bench/kernels/allreduce_bench.cpp "$BUILD/obj/bench.o"
-wait
+for p in $(jobs -p); do [ "$p" = "${ddp_build_pid:-}" ] || wait "$p"; done
 [ ! -e "$BUILD/obj/FAILED" ] || { echo "compile failed"; exit 3; }
 LIBS=("$BUILD"/obj/wireup_*.o "$BUILD/obj/nccl.o" "$BUILD/obj/nccl_env.o" -L"$CUDA/lib64"
       -lnccl -lcudart "$CRYPTO" "${RPATH[@]}" -pthread)
@@ -72,9 +101,9 @@ tail -12 "$BUILD/logs/bench.err"
 if [ $bench_rc -eq 0 ]; then
   echo "=== allreduce_torch (torch.distributed, NCCL)"
   PYTHONUNBUFFERED=1 timeout 240 python3 tests/bench/kernels/allreduce_torch.py "$OUT/allreduce_ours.json" \
-    > "$OUT/allreduce_bench.json" 2> "$OUT/allreduce_torch.err"
+    > "$OUT/allreduce_bench.json" 2> "$BUILD/logs/allreduce_torch.err"
   torch_rc=$?
-  python3 - "$OUT/allreduce_bench.json" <<'EOF' || tail -20 "$OUT/allreduce_torch.err"
+  python3 - "$OUT/allreduce_bench.json" <<'EOF' || tail -20 "$BUILD/logs/allreduce_torch.err"
 import json, sys
 d = json.load(open(sys.argv[1]))
 print("ours nccl", d["ours"]["nccl_version"], "| torch", d["torch"]["version"], "nccl", d["torch"]["nccl_version"])
@@ -82,8 +111,36 @@ print(f'{"MiB":>6} {"ours busbw":>11} {"torch busbw":>12} {"ratio":>6} {"ours ca
 for r in d["rows"]:
     print(f'{r["mib"]:6.0f} {r["ours_busbw_GBps"]:11.1f} {r["torch_busbw_GBps"]:12.1f} {r["ratio_busbw_ours_over_torch"]:6.3f} {r["ours_per_call_event_ms_median"]:13.4f}')
 EOF
+  cat "$BUILD/logs/allreduce_torch.err" >> "$OUT/errors.log"
   echo "allreduce_torch exit status: $torch_rc"
 else
   echo "allreduce_bench failed (exit $bench_rc)"; cat "$BUILD/logs/bench.err" | tail -30
 fi
+
+ddp_rc=0
+if [ "$RUN_DDP" = 1 ]; then
+  echo "=== ddp_gpt2_bench (ours), 2 GPUs, B=${DDP_BATCH:-64}/GPU, T=1024 (at ${SECONDS} s)"
+  wait "$ddp_build_pid"; build_rc=$?
+  cat "$BUILD/logs/ddp_build.log" >> "$OUT/errors.log"
+  tail -3 "$BUILD/logs/ddp_build.log"
+  if [ $build_rc -eq 0 ] && $CXX -fopenmp -o "$BUILD/ddp_gpt2_bench" "$BUILD"/obj/ddp_*.o \
+       "${LIBS[@]}" -lcublasLt >> "$OUT/errors.log" 2>&1; then
+    timeout 150 "$BUILD/ddp_gpt2_bench" --batch "${DDP_BATCH:-64}" --out "$OUT/ddp_ours.json" \
+      2>&1 | tee -a "$OUT/errors.log" | grep -E "^rank|FATAL|failed"
+    ddp_rc=${PIPESTATUS[0]}
+    echo "ddp_gpt2_bench exit status: $ddp_rc"; cat "$OUT/ddp_ours.json" 2>/dev/null
+  else
+    echo "ddp_gpt2_bench build failed (see errors.log)"; tail -20 "$OUT/errors.log"; ddp_rc=3
+  fi
+  if [ $SECONDS -lt "${TORCH_DDP_START_BY_S:-230}" ]; then
+    echo "=== ddp_gpt2_torch.py (PyTorch DDP + torch.compile) (at ${SECONDS} s)"
+    ours=$OUT/ddp_ours.json; [ -s "$ours" ] || ours=none
+    PYTHONUNBUFFERED=1 timeout "${TORCH_DDP_TIMEOUT_S:-200}" python3 tests/bench/kernels/ddp_gpt2_torch.py \
+      "$ours" "${DDP_BATCH:-64}" 1024 20 > "$OUT/ddp_gpt2.json" 2>> "$OUT/errors.log"
+    echo "ddp_gpt2_torch exit status: $?"; cat "$OUT/ddp_gpt2.json"
+  else
+    echo "ddp_gpt2_torch.py skipped: ${SECONDS} s already spent (TORCH_DDP_START_BY_S)"
+  fi
+fi
+echo "total ${SECONDS} s"
 exit "$test_rc"
