@@ -159,6 +159,44 @@ int worker(const Args& a) {
   const double step_ms = seconds_since(t0) * 1e3 / a.steps;
   const double loss_last = must(ex->mean_loss(), "loss");
 
+  // Data-parallel semantics: after the same summed gradients every rank must hold bit-identical
+  // parameters. Each rank sums its fp32 master copies into one float checksum per parameter; the
+  // all-reduce of the checksums equals world * own exactly only if all ranks agree.
+  bool params_identical = true;
+  {
+    const std::size_t n_params = plan.graph.params.size();
+    std::vector<float> checksum(n_params);
+    for (std::size_t i = 0; i < n_params; ++i) {
+      auto values = must(ex->parameter(plan.graph.params[i]), "parameter");
+      double sum = 0;
+      for (std::size_t j = 0; j < values.size(); ++j)
+        sum += static_cast<double>(values[j]) * static_cast<double>(1 + j % 7);
+      checksum[i] = static_cast<float>(sum);
+    }
+    float* d = nullptr;
+    cudaStream_t s = nullptr;
+    if (cudaMalloc(&d, n_params * sizeof(float)) != cudaSuccess ||
+        cudaStreamCreate(&s) != cudaSuccess ||
+        cudaMemcpy(d, checksum.data(), n_params * sizeof(float), cudaMemcpyHostToDevice) !=
+            cudaSuccess) {
+      std::fprintf(stderr, "FATAL checksum buffers\n");
+      return 100;
+    }
+    comm->set_time_calls(false);
+    if (comm->all_reduce_sum(d, n_params, s) != cudaSuccess) {
+      std::fprintf(stderr, "FATAL %s\n", comm->last_error().c_str());
+      return 100;
+    }
+    must(comm->synchronize(s, std::chrono::milliseconds(60000)), "checksum all-reduce");
+    comm->set_time_calls(true);
+    std::vector<float> total(n_params);
+    cudaMemcpy(total.data(), d, n_params * sizeof(float), cudaMemcpyDeviceToHost);
+    for (std::size_t i = 0; i < n_params; ++i)
+      params_identical = params_identical && total[i] == checksum[i] * static_cast<float>(world);
+    cudaFree(d);
+    cudaStreamDestroy(s);
+  }
+
   // The same steps without the all-reduces (own warm-up: eager run + capture of those ranges).
   for (int i = 0; i < 3; ++i) train(false);
   must(ex->synchronize(), "synchronize", comm.get());
@@ -174,9 +212,10 @@ int worker(const Args& a) {
   const double tok_s = static_cast<double>(n) * world / (step_ms * 1e-3);
   std::fprintf(stderr,
                "rank %d: step %.2f ms (no comm %.2f), %.0f tok/s total, comm %.2f ms in %zu "
-               "calls (span %.2f), exposed %.2f ms, loss %.4f -> %.4f\n",
+               "calls (span %.2f), exposed %.2f ms, loss %.4f -> %.4f, params identical: %s\n",
                rank, step_ms, step_ms_no_comm, tok_s, comm_median, calls_per_step,
-               span_ms[span_ms.size() / 2], exposed, loss_first, loss_last);
+               span_ms[span_ms.size() / 2], exposed, loss_first, loss_last,
+               params_identical ? "yes" : "NO");
   if (rank == 0) {
     std::FILE* out = std::fopen(a.out.c_str(), "w");
     if (out == nullptr) return 100;
@@ -190,12 +229,13 @@ int worker(const Args& a) {
         "\"step_ms_no_comm\": %.3f, \"exposed_comm_ms\": %.3f, \"comm_ms\": %.3f, "
         "\"comm_span_ms\": %.3f, \"overlap\": %.3f, \"planned_comm_ms\": %.3f, "
         "\"planned_exposed_ms\": %.3f, \"loss_first\": %.4f, \"loss_last\": %.4f, "
-        "\"arena_bytes\": %zu, \"device_used_bytes\": %zu}\n",
+        "\"params_identical_across_ranks\": %s, \"arena_bytes\": %zu, "
+        "\"device_used_bytes\": %zu}\n",
         gpu::NcclCommunicator::nccl_version().c_str(), world, a.batch, a.seq, a.steps, plan_s,
         plan.comm.buckets.size(), plan.comm.bucket_cap_bytes, calls_per_step, bytes_per_step,
         step_ms, tok_s, tok_s / world, step_ms_no_comm, exposed, comm_median,
         span_ms[span_ms.size() / 2], overlap, plan.comm.comm_ms, plan.comm.exposed_ms, loss_first,
-        loss_last, mem.arena_bytes, mem.used_bytes);
+        loss_last, params_identical ? "true" : "false", mem.arena_bytes, mem.used_bytes);
     std::fclose(out);
   }
   ex.reset();
