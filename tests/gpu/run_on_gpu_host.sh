@@ -27,21 +27,36 @@ run_attention() {
     || { echo "build of test_attention failed"; cat "$OUT/attention_ptxas.log"; return 3; }
   "$NVCC" "${FLAGS[@]}" "$BUILD/attention_bench.o" "$BUILD/attention.o" \
     -o "$BUILD/attention_bench" || { echo "build of attention_bench failed"; return 3; }
-  cuobjdump --dump-sass "$BUILD/attention.o" 2>/dev/null | grep -c HMMA > "$OUT/attention_hmma_count.txt"
+  if command -v cuobjdump > /dev/null; then
+    cuobjdump --dump-sass "$BUILD/attention.o" | grep -c HMMA > "$OUT/attention_hmma_count.txt"
+  else
+    echo "cuobjdump not on this host" > "$OUT/attention_hmma_count.txt"
+  fi
   echo "=== test_attention"
-  timeout 150 "$BUILD/test_attention" 2>&1 | tee "$OUT/test_attention.log"
-  rc=${PIPESTATUS[0]}
-  echo "test_attention exit status: $rc"
+  # one process per implementation: a fault in one cannot hide the others' results
+  rc=0
+  : > "$OUT/test_attention.log"
+  for kind in simple tensor_core tensor_core_m64 tensor_core_w32 tensor_core_atomic default; do
+    timeout 60 "$BUILD/test_attention" "only=$kind" >> "$OUT/test_attention.log" 2>&1
+    kind_rc=$?
+    echo "test_attention only=$kind exit status: $kind_rc" | tee -a "$OUT/test_attention.log"
+    [ "$kind_rc" -eq 0 ] || rc=1
+  done
+  grep -v '^ok \|exit status' "$OUT/test_attention.log" | head -40
+  echo "test_attention: $(grep -c '^ok ' "$OUT/test_attention.log") ok, $(grep -c '^FAIL' "$OUT/test_attention.log") FAIL"
   echo "=== attention_bench T=1024 B=16,64"
-  timeout 100 "$BUILD/attention_bench" 1024 16 64 | tee "$OUT/attention_ours.json" || return 4
-  PYTHONUNBUFFERED=1 python3 tests/bench/kernels/attention_torch.py "$OUT/attention_ours.json" \
-    > "$OUT/attention_bench.json" 2> "$OUT/attention_torch.err"
-  [ $? -eq 0 ] || tail -20 "$OUT/attention_torch.err"
-  cat "$OUT/attention_bench.json"
+  if timeout 100 "$BUILD/attention_bench" 1024 16 64 > "$OUT/attention_ours.json"; then
+    PYTHONUNBUFFERED=1 timeout 120 python3 tests/bench/kernels/attention_torch.py "$OUT/attention_ours.json" \
+      > "$OUT/attention_bench.json" 2> "$OUT/attention_torch.err"
+    [ $? -eq 0 ] || tail -20 "$OUT/attention_torch.err"
+    cat "$OUT/attention_bench.json"
+  else
+    echo "attention_bench failed"; cat "$OUT/attention_ours.json"; [ "$rc" -ne 0 ] || rc=4
+  fi
   echo "=== compute-sanitizer memcheck test_attention quick"
   local san
   san=$(command -v compute-sanitizer || echo "$(dirname "$NVCC")/compute-sanitizer")
-  timeout 90 "$san" --tool memcheck "$BUILD/test_attention" quick \
+  timeout 50 "$san" --tool memcheck "$BUILD/test_attention" quick \
     > "$OUT/test_attention_memcheck.log" 2>&1
   echo "memcheck exit status: $?"; tail -3 "$OUT/test_attention_memcheck.log"
   return "$rc"
