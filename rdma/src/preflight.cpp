@@ -1,8 +1,11 @@
-// Preflight stages over a Transport. Every rank registers one control buffer (slots for the
-// connectivity marker, "done" flags and ping-pong words) and one data buffer, and publishes
-// both with its node and NIC. Bandwidth and latency run one sender at a time around the ring
-// (phase p: rank p -> rank p+1), so each measurement is unidirectional like ib_write_bw and
-// ucx_perftest; a world of one rank tests its own port in loopback.
+// Preflight stages over a Transport. Every rank has the transport allocate one control buffer
+// (slots for the connectivity marker, "done" flags and ping-pong words) and one data buffer
+// (UCX: ucp_mem_map ALLOCATE, like ucx_perftest, so shared memory maps them into the peer), and
+// publishes both with its node and NIC. Bandwidth and latency measure the ring's edges
+// (edge p: rank p -> rank p+1), each one unidirectional like ib_write_bw and ucx_perftest, in
+// rounds: edges that share no NIC run in the same round (Azure's health checks run all HCAs of
+// a node at once), edges that do share one never do; ranks that all share one NIC (loopback
+// tests) therefore run one edge at a time. A world of one rank tests its own port in loopback.
 #include "topolaunch/rdma/preflight.hpp"
 
 #include <sched.h>
@@ -14,6 +17,7 @@
 #include <future>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <set>
 
 #include "topolaunch/rdma/blob.hpp"
 
@@ -29,6 +33,8 @@ constexpr std::size_t kSlotDone = 1;
 constexpr std::size_t kSlotPing = 2;
 constexpr std::size_t kSlotPong = 3;
 constexpr std::size_t kControlBytes = 4096;
+// How long a wait polls before it also yields the core (see wait_slot).
+constexpr std::chrono::microseconds kSpinBeforeYield{2000};
 
 struct PeerInfo {
   std::string node;
@@ -191,15 +197,15 @@ class Runner {
                                                : open_ucx_transport(rank_, c_.ucx);
     if (!t) return fail("connectivity", me() + ": " + t.error().message);
     transport_ = std::move(*t);
-    control_buf_.assign(kControlBytes / 8, 0);
-    data_buf_.assign(c_.buffer_bytes, static_cast<char>(rank_));
-    auto control =
-        transport_->register_memory(control_buf_.data(), kControlBytes, MemoryKind::host);
+    auto control = transport_->allocate_memory(kControlBytes);
     if (!control) return fail("connectivity", me() + ": " + control.error().message);
     control_ = std::move(*control);
-    auto data = transport_->register_memory(data_buf_.data(), data_buf_.size(), MemoryKind::host);
+    std::memset(control_.address, 0, kControlBytes);
+    auto data = transport_->allocate_memory(c_.buffer_bytes);
     if (!data) return fail("connectivity", me() + ": " + data.error().message);
     data_ = std::move(*data);
+    // Touch every page now: the bandwidth stage measures the fabric, not first-touch faults.
+    std::memset(data_.address, rank_ & 0xff, c_.buffer_bytes);
 
     // Who am I and where can peers write: one JSON payload in a checked blob.
     nlohmann::json hello{{"node", c_.node},
@@ -208,6 +214,10 @@ class Runner {
                          {"data", hex(serialize(describe(data_)))}};
     const std::string hello_key = fmt::format("{}/hello/{}", c_.name, rank_);
     if (auto st = store_.put(hello_key, encode_blob(BlobKind::preflight, rank_, hello.dump())); !st)
+      return fail("connectivity", me() + ": " + st.error().message);
+    // Every rank's NIC, small, for the bandwidth/latency schedule (fetched with one get_many).
+    if (auto st = store_.put(nic_key(rank_), encode_blob(BlobKind::preflight, rank_, nic_id()));
+        !st)
       return fail("connectivity", me() + ": " + st.error().message);
     right_ = (rank_ + 1) % world_;
     left_ = (rank_ + world_ - 1) % world_;
@@ -290,17 +300,60 @@ class Runner {
   }
 
   // A word inside our control buffer used as a registered source for small writes.
-  std::uint64_t& staging_word(int i) { return control_buf_[8 + static_cast<std::size_t>(i)]; }
+  std::uint64_t& staging_word(int i) {
+    return static_cast<std::uint64_t*>(control_.address)[8 + static_cast<std::size_t>(i)];
+  }
+
+  std::string nic_key(int rank) const { return fmt::format("{}/nic/{}", c_.name, rank); }
+  // What two ranks must differ in to measure at the same time: node and NIC (and port).
+  std::string nic_id() const { return c_.node + "\n" + nic_; }
+
+  // The rounds of ring edges (sender ranks) from every rank's NIC, same on every rank.
+  Status plan_rounds(milliseconds timeout) {
+    if (!rounds_.empty()) return ok_status();
+    std::vector<std::string> keys;
+    for (int r = 0; r < world_; ++r) keys.push_back(nic_key(r));
+    auto values = store_.get_many(keys, timeout);
+    if (!values) return values.error();
+    std::vector<std::string> ids;
+    for (int r = 0; r < world_; ++r) {
+      const auto& v = (*values)[static_cast<std::size_t>(r)];
+      auto id = decode_blob(std::string_view(reinterpret_cast<const char*>(v.data()), v.size()),
+                            BlobKind::preflight, r, keys[static_cast<std::size_t>(r)]);
+      if (!id) return id.error();
+      ids.push_back(std::move(*id));
+    }
+    rounds_ = ring_rounds(ids);
+    return ok_status();
+  }
+
+  // "round 1 of 2, with rank 2 -> rank 3" for messages.
+  std::string round_text(std::size_t k) const {
+    if (rounds_.size() <= 1 && rounds_[0].size() <= 1) return "";
+    std::string with;
+    for (int p : rounds_[k])
+      if (p != rank_) with += fmt::format("{}{} -> {}", with.empty() ? "" : ", ", p, right_of(p));
+    return fmt::format(" (round {} of {}{}{})", k + 1, rounds_.size(),
+                       with.empty() ? "" : ", at the same time as ", with);
+  }
 
   // Waits until our control slot holds `value` (progressing), or the deadline.
   bool wait_slot(std::size_t slot, std::uint64_t value, Clock::time_point deadline) {
-    // Spin first (what perftest does, for honest latency), then yield so that an overloaded
-    // host still schedules the peer we are waiting for.
+    // Busy-poll with progress, as ucx_perftest does. Yielding after a fixed number of polls
+    // (4096 here before) gave the core away whenever the peer was a few microseconds late; on a
+    // loaded host the pair then rarely ran at the same time again and the median shm ping-pong
+    // was 34-55 us instead of perftest's 0.8. So yield only after kSpinBeforeYield of waiting:
+    // then the peer is not running at all (ranks outnumber cores) and our core helps it most.
+    Clock::time_point yield_after{};
     for (unsigned spins = 0; load(control_, slot) != value; ++spins) {
       transport_->progress();
       if (spins % 256 == 255) {
-        if (Clock::now() > deadline) return false;
-        if (spins > 4096) sched_yield();
+        const auto now = Clock::now();
+        if (now > deadline) return false;
+        if (spins == 255)
+          yield_after = now + kSpinBeforeYield;
+        else if (now > yield_after)
+          sched_yield();
       }
     }
     return true;
@@ -311,11 +364,17 @@ class Runner {
     const double rate_gbytes = c_.selected ? c_.selected->rate_gbps / 8.0 : 0.0;
     const double threshold =
         c_.min_gbytes_per_s > 0 ? c_.min_gbytes_per_s : c_.min_rate_fraction * rate_gbytes;
+    if (auto st = plan_rounds(timeout); !st)
+      return fail("bandwidth", me() + ": " + st.error().message);
     bool all_ok = true;
-    for (int phase = 0; phase < world_; ++phase) {
+    for (std::size_t round = 0; round < rounds_.size(); ++round) {
       const auto deadline = Clock::now() + timeout;
+      const auto& senders = rounds_[round];
+      const bool sending = std::find(senders.begin(), senders.end(), rank_) != senders.end();
+      const bool receiving = std::find(senders.begin(), senders.end(), left_) != senders.end();
+      const int phase = sending ? rank_ : left_;
       const std::uint64_t done_value = 0xB0000000ull + static_cast<std::uint64_t>(phase) + 1;
-      if (phase == rank_) {
+      if (sending) {
         const std::size_t msg = std::min(c_.message_bytes, c_.buffer_bytes);
         const std::size_t count = std::max<std::size_t>(1, c_.bandwidth_total_bytes / msg);
         const auto t0 = Clock::now();
@@ -341,7 +400,7 @@ class Runner {
           r.gbytes_per_s = static_cast<double>(count * msg) / secs / 1e9;
           r.ok = threshold <= 0 || r.gbytes_per_s >= threshold;
           r.message = fmt::format(
-              "{} x {} B RDMA writes to {}{}", count, msg, peer_where(right_),
+              "{} x {} B RDMA writes to {}{}{}", count, msg, peer_where(right_), round_text(round),
               r.ok ? ""
                    : fmt::format(": {:.2f} GB/s below {:.2f} GB/s", r.gbytes_per_s, threshold));
         }
@@ -353,7 +412,8 @@ class Runner {
                                  kSlotDone * 8, 8);
         if (st) st = transport_->flush(right_, timeout);
         if (!st) all_ok = false;
-      } else if (right_of(phase) == rank_) {
+      }
+      if (receiving && !(sending && world_ == 1)) {
         if (!wait_slot(kSlotDone, done_value, deadline)) {
           all_ok = fail("bandwidth",
                         fmt::format("{}: {} did not finish writing within {} ms", me(),
@@ -370,9 +430,15 @@ class Runner {
 
   bool stage_latency() {
     const milliseconds timeout = c_.latency_timeout;
+    if (auto st = plan_rounds(timeout); !st)
+      return fail("latency", me() + ": " + st.error().message);
     bool all_ok = true;
-    for (int phase = 0; phase < world_; ++phase) {
+    for (std::size_t round = 0; round < rounds_.size(); ++round) {
       const auto deadline = Clock::now() + timeout;
+      const auto& senders = rounds_[round];
+      const bool pinging = std::find(senders.begin(), senders.end(), rank_) != senders.end();
+      const bool ponging = std::find(senders.begin(), senders.end(), left_) != senders.end();
+      const int phase = pinging ? rank_ : left_;  // the edge: phase -> phase + 1
       const int total = c_.latency_warmup + c_.latency_iterations;
       const std::uint64_t base = (static_cast<std::uint64_t>(phase) + 1) << 32;
       if (world_ == 1) {
@@ -391,8 +457,8 @@ class Runner {
             us.push_back(std::chrono::duration<double, std::micro>(Clock::now() - t0).count());
         }
         (void)transport_->flush(rank_, timeout);
-        all_ok = report_latency(us, rank_, 1.0) && all_ok;
-      } else if (phase == rank_) {
+        all_ok = report_latency(us, rank_, 1.0, round) && all_ok;
+      } else if (pinging) {
         std::vector<double> us;
         us.reserve(static_cast<std::size_t>(c_.latency_iterations));
         for (int i = 1; i <= total; ++i) {
@@ -423,8 +489,8 @@ class Runner {
           return fail("latency",
                       fmt::format("{} -> {}: {}", me(), peer_where(right_), st.error().message),
                       right_);
-        all_ok = report_latency(us, right_, 2.0) && all_ok;
-      } else if (right_of(phase) == rank_) {
+        all_ok = report_latency(us, right_, 2.0, round) && all_ok;
+      } else if (ponging) {
         for (int i = 1; i <= total; ++i) {
           if (!wait_slot(kSlotPing, base + static_cast<std::uint64_t>(i), deadline))
             return fail("latency",
@@ -454,7 +520,7 @@ class Runner {
     return all_ok;
   }
 
-  bool report_latency(std::vector<double>& us, int peer, double divisor) {
+  bool report_latency(std::vector<double>& us, int peer, double divisor, std::size_t round) {
     StageResult r;
     r.stage = "latency";
     r.peer = peer;
@@ -464,7 +530,8 @@ class Runner {
     r.threshold = c_.max_latency_us;
     r.ok = c_.max_latency_us <= 0 || r.median_us <= c_.max_latency_us;
     r.message = fmt::format(
-        "8 B write ping-pong with {}, {} iterations{}", peer_where(peer), us.size(),
+        "8 B write ping-pong with {}, {} iterations{}{}", peer_where(peer), us.size(),
+        round_text(round),
         r.ok ? ""
              : fmt::format(": median {:.2f} us above {:.2f} us", r.median_us, c_.max_latency_us));
     emit(r);
@@ -481,14 +548,33 @@ class Runner {
   std::string nic_;
   PreflightReport report_;
   std::unique_ptr<Transport> transport_;
-  std::vector<std::uint64_t> control_buf_;
-  std::vector<char> data_buf_;
+  std::vector<std::vector<int>> rounds_;  // ring edges (by sender) measured together
   LocalMemory control_;
   LocalMemory data_;
   std::map<int, PeerInfo> peers_;
 };
 
 }  // namespace
+
+std::vector<std::vector<int>> ring_rounds(const std::vector<std::string>& nic_ids) {
+  const int n = static_cast<int>(nic_ids.size());
+  std::vector<std::vector<int>> rounds;
+  std::vector<std::set<std::string_view>> busy;  // NICs used per round
+  for (int p = 0; p < n; ++p) {
+    const std::string_view from = nic_ids[static_cast<std::size_t>(p)];
+    const std::string_view to = nic_ids[static_cast<std::size_t>((p + 1) % n)];
+    std::size_t k = 0;
+    while (k < rounds.size() && (busy[k].count(from) || busy[k].count(to))) ++k;
+    if (k == rounds.size()) {
+      rounds.emplace_back();
+      busy.emplace_back();
+    }
+    rounds[k].push_back(p);
+    busy[k].insert(from);
+    busy[k].insert(to);
+  }
+  return rounds;
+}
 
 Result<PreflightLevel> parse_preflight_level(std::string_view text) {
   if (text == "off") return PreflightLevel::off;

@@ -1,11 +1,35 @@
 #include "ucx_context.hpp"
 
 #include <fmt/format.h>
+#include <cstdio>
 #include <cstdlib>
+#include <regex>
+#include <set>
 
 namespace topolaunch::rdma::detail {
 
 std::string status_text(ucs_status_t s) { return ucs_status_string(s); }
+
+std::string ep_lanes(ucp_ep_h ep) {
+  if (!ep) return "";
+  char* buf = nullptr;
+  std::size_t len = 0;
+  FILE* f = open_memstream(&buf, &len);
+  if (!f) return "";
+  ucp_ep_print_info(ep, f);
+  std::fclose(f);
+  std::string text(buf, len);
+  std::free(buf);
+  // lines like "lane[0]:  0:tcp/lo.0 md[0] ..." or "1:posix/memory.0 ..."
+  std::set<std::string> found;
+  static const std::regex lane(R"(lane\[\d+\]:\s+\d+:([a-z0-9_]+)/([A-Za-z0-9_\-]+))");
+  for (auto it = std::sregex_iterator(text.begin(), text.end(), lane); it != std::sregex_iterator();
+       ++it)
+    found.insert((*it)[1].str() + "/" + (*it)[2].str());
+  std::string out;
+  for (const auto& s : found) out += (out.empty() ? "" : ",") + s;
+  return out;
+}
 
 Result<UcxWorker> open_ucx_worker(const UcxSettings& settings, const std::string& name) {
   const std::string& t = settings.transports;

@@ -40,4 +40,8 @@ Result<UcxWorker> open_ucx_worker(const UcxSettings& settings, const std::string
 
 std::string status_text(ucs_status_t s);
 
+// "posix/memory" or "tcp/lo,tcp/eth0": the transports/devices of an endpoint's lanes, from
+// ucp_ep_print_info (for reports; "" when it cannot be read).
+std::string ep_lanes(ucp_ep_h ep);
+
 }  // namespace topolaunch::rdma::detail

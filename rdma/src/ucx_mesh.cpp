@@ -5,8 +5,6 @@
 #include <fmt/format.h>
 #include <cstdio>
 #include <cstdlib>
-#include <regex>
-#include <set>
 
 #include "topolaunch/rdma/blob.hpp"
 
@@ -158,23 +156,7 @@ Status UcxMesh::wait_all(std::vector<Pending> pending, std::chrono::milliseconds
 
 std::string UcxMesh::lanes(int peer) const {
   if (peer < 0 || peer >= world_ || !peers_[peer].ep) return "";
-  char* buf = nullptr;
-  std::size_t len = 0;
-  FILE* f = open_memstream(&buf, &len);
-  if (!f) return "";
-  ucp_ep_print_info(peers_[peer].ep, f);
-  std::fclose(f);
-  std::string text(buf, len);
-  std::free(buf);
-  // lines like "lane[0]:  0:tcp/lo.0 md[0] ..." or "1:posix/memory.0 ..."
-  std::set<std::string> found;
-  static const std::regex lane(R"(lane\[\d+\]:\s+\d+:([a-z0-9_]+)/([A-Za-z0-9_\-]+))");
-  for (auto it = std::sregex_iterator(text.begin(), text.end(), lane); it != std::sregex_iterator();
-       ++it)
-    found.insert((*it)[1].str() + "/" + (*it)[2].str());
-  std::string out;
-  for (const auto& s : found) out += (out.empty() ? "" : ",") + s;
-  return out;
+  return ep_lanes(peers_[peer].ep);
 }
 
 }  // namespace topolaunch::rdma::detail

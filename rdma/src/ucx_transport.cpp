@@ -20,6 +20,8 @@ struct Peer {
   ucs_status_t failure = UCS_OK;
   std::vector<void*> pending;               // put requests not yet complete
   std::map<std::string, ucp_rkey_h> rkeys;  // unpacked per endpoint
+  ucp_rkey_h last_rkey = nullptr;           // the key of the last write (owned by rkeys)
+  std::string last_packed_key;
 };
 
 void on_error(void* arg, ucp_ep_h, ucs_status_t status) {
@@ -54,7 +56,8 @@ class UcxTransport final : public Transport {
 
   std::string kind() const override { return "ucx"; }
   std::string description() const override {
-    return "ucx " + (tls_.empty() ? std::string("(default)") : tls_);
+    return "ucx " + (tls_.empty() ? std::string("(default)") : tls_) +
+           (lanes_.empty() ? "" : " over " + lanes_);
   }
 
   Result<std::string> local_blob(int) override { return w_.address; }
@@ -72,6 +75,7 @@ class UcxTransport final : public Transport {
     if (ucs_status_t s = ucp_ep_create(w_.worker.get(), &params, &p->ep); s != UCS_OK)
       return make_error(
           fmt::format("ucx: rank {} cannot reach rank {}: {}", rank_, peer, status_text(s)), 2);
+    if (lanes_.empty()) lanes_ = detail::ep_lanes(p->ep);
     return ok_status();
   }
 
@@ -114,6 +118,39 @@ class UcxTransport final : public Transport {
     return m;
   }
 
+  // What ucx_perftest does: UCX allocates the memory (posix shared memory when UCX_TLS allows),
+  // so a peer on the same host maps it and an 8-byte put is a store instead of a
+  // process_vm_writev() (cma) or an active message the target has to apply.
+  Result<LocalMemory> allocate_memory(std::size_t bytes) override {
+    ucp_mem_map_params_t params{};
+    params.field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH |
+                        UCP_MEM_MAP_PARAM_FIELD_FLAGS | UCP_MEM_MAP_PARAM_FIELD_MEMORY_TYPE;
+    params.address = nullptr;
+    params.length = bytes;
+    params.flags = UCP_MEM_MAP_ALLOCATE;
+    params.memory_type = UCS_MEMORY_TYPE_HOST;
+    ucp_mem_h memh = nullptr;
+    ucp_context_h ctx = w_.context.get();
+    if (ucs_status_t s = ucp_mem_map(ctx, &params, &memh); s != UCS_OK)
+      return make_error(
+          fmt::format("ucx: ucp_mem_map(ALLOCATE) of {} bytes failed: {}", bytes, status_text(s)),
+          1);
+    std::shared_ptr<void> handle(memh,
+                                 [ctx](void* m) { ucp_mem_unmap(ctx, static_cast<ucp_mem_h>(m)); });
+    ucp_mem_attr_t attr{};
+    attr.field_mask = UCP_MEM_ATTR_FIELD_ADDRESS | UCP_MEM_ATTR_FIELD_LENGTH;
+    if (ucs_status_t s = ucp_mem_query(memh, &attr); s != UCS_OK || attr.length < bytes)
+      return make_error("ucx: ucp_mem_query of allocated memory failed: " + status_text(s), 1);
+    void* packed = nullptr;
+    std::size_t packed_len = 0;
+    if (ucs_status_t s = ucp_rkey_pack(ctx, memh, &packed, &packed_len); s != UCS_OK)
+      return make_error("ucx: ucp_rkey_pack failed: " + status_text(s), 1);
+    LocalMemory m{attr.address, bytes, MemoryKind::host,
+                  std::string(static_cast<char*>(packed), packed_len), handle};
+    ucp_rkey_buffer_release(packed);
+    return m;
+  }
+
   Status write(int peer, const LocalMemory& local, std::size_t offset, const RemoteMemory& remote,
                std::size_t remote_offset, std::size_t bytes) override {
     auto it = peers_.find(peer);
@@ -125,11 +162,19 @@ class UcxTransport final : public Transport {
     if (offset + bytes > local.bytes || remote_offset + bytes > remote.bytes)
       return make_error(fmt::format("ucx: write of {} bytes outside the registered buffers", bytes),
                         1);
-    auto& rkey = p.rkeys[remote.packed_key];
-    if (!rkey)
-      if (ucs_status_t s = ucp_ep_rkey_unpack(p.ep, remote.packed_key.data(), &rkey); s != UCS_OK)
-        return make_error(
-            fmt::format("ucx: memory key of rank {} unusable: {}", peer, status_text(s)), 2);
+    // The ping-pong writes the same remote buffer thousands of times: remember the last key
+    // unpacked for this peer instead of looking the packed bytes up in the map every time.
+    ucp_rkey_h rkey = p.last_rkey && p.last_packed_key == remote.packed_key ? p.last_rkey : nullptr;
+    if (!rkey) {
+      auto& cached = p.rkeys[remote.packed_key];
+      if (!cached)
+        if (ucs_status_t s = ucp_ep_rkey_unpack(p.ep, remote.packed_key.data(), &cached);
+            s != UCS_OK)
+          return make_error(
+              fmt::format("ucx: memory key of rank {} unusable: {}", peer, status_text(s)), 2);
+      rkey = p.last_rkey = cached;
+      p.last_packed_key = remote.packed_key;
+    }
     ucp_request_param_t param{};
     void* req = ucp_put_nbx(p.ep, static_cast<char*>(local.address) + offset, bytes,
                             remote.address + remote_offset, rkey, &param);
@@ -194,6 +239,7 @@ class UcxTransport final : public Transport {
   int rank_;
   detail::UcxWorker w_;
   std::string tls_;
+  std::string lanes_;  // of the first endpoint, for description()
   std::map<int, std::unique_ptr<Peer>> peers_;
 };
 

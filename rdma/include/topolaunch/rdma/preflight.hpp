@@ -83,6 +83,12 @@ std::string to_json_line(const StageResult& r, const std::string& node, const st
 Result<PreflightReport> run_preflight(wireup::KvStore& store, const PreflightConfig& config,
                                       std::ostream* jsonl);
 
+// The schedule of the bandwidth and latency stages: the ring's edges (edge p: rank p -> rank
+// p+1 mod n, named by p) in rounds, greedily in edge order, so that no NIC (`nic_ids[r]` is
+// rank r's node and NIC) appears twice in a round. n distinct NICs: 2 rounds (n even) or 3
+// (n odd, > 1); all ranks on one NIC: n rounds of one edge. Pure: every rank computes the same.
+std::vector<std::vector<int>> ring_rounds(const std::vector<std::string>& nic_ids);
+
 // From job-level settings to a PreflightConfig for one rank: probes the node (sysfs root,
 // CUDA driver), selects NIC/port/GID for the rank and picks the transport. What `topolaunch
 // preflight job.toml` and the `[rdma] preflight` stage of `topolaunch run` both call.
