@@ -55,7 +55,9 @@ std::string fmt(const char* f, auto... args) {
   return buf;
 }
 
-double learning_rate(const TrainSpec& t, std::int64_t step) {
+}  // namespace
+
+double scheduled_learning_rate(const TrainSpec& t, std::int64_t step) {
   const double base = t.adamw.learning_rate;
   if (t.warmup_steps > 0 && step <= t.warmup_steps)
     return base * static_cast<double>(step) / static_cast<double>(t.warmup_steps);
@@ -65,6 +67,12 @@ double learning_rate(const TrainSpec& t, std::int64_t step) {
   const double min_lr = base * t.min_lr_fraction;
   return min_lr +
          0.5 * (base - min_lr) * (1.0 + std::cos(3.141592653589793 * std::min(1.0, progress)));
+}
+
+namespace {
+
+double learning_rate(const TrainSpec& t, std::int64_t step) {
+  return scheduled_learning_rate(t, step);
 }
 
 Result<Graph> build_training_graph(const WorkerConfig& c, std::int64_t vocab) {
@@ -148,10 +156,19 @@ int run_worker(const WorkerOptions& o, std::ostream& out, std::ostream& err) {
                c.train.precision.c_str(), comm_env);
     return 0;
   }
+  if (c.train.precision == "bf16") {
+    if (o.gpu_trainer == nullptr)
+      return fail(make_error(c.path +
+                             ": train.precision: \"bf16\" needs the CUDA backend, and this "
+                             "topolaunch-worker was built without it (meson setup -Dcuda=enabled "
+                             "on a host with nvcc); use \"fp32\" for the CPU backend, or "
+                             "--plan-only to see the plan"));
+    return o.gpu_trainer(c, *plan, data, out, err);
+  }
   if (c.train.precision != "fp32")
     return fail(make_error(c.path + ": train.precision: \"" + c.train.precision +
-                           "\" needs the CUDA backend; the CPU backend trains in fp32 (use "
-                           "--plan-only to see the plan)"));
+                           "\" is not one the worker trains with (\"fp32\" on the CPU, "
+                           "\"bf16\" on a GPU)"));
 
   const TrainSpec& t = c.train;
   const std::int64_t B = t.batch, T = t.seq_len;

@@ -6,6 +6,9 @@
 #include <iostream>
 
 #include "topolaunch/kernels/worker.hpp"
+#ifdef TOPOLAUNCH_WITH_CUDA
+#include "cuda_worker.hpp"
+#endif
 
 namespace {
 
@@ -31,6 +34,9 @@ int main(int argc, char** argv) {
     ::execv("/proc/self/exe", argv);  // on failure, carry on with the spinning default
   }
   topolaunch::kernels::WorkerOptions o;
+#ifdef TOPOLAUNCH_WITH_CUDA
+  o.gpu_trainer = &topolaunch::kernels::cuda::train_on_gpu;  // train.precision = "bf16"
+#endif
   for (int i = 1; i < argc; ++i) {
     const char* a = argv[i];
     if (std::strcmp(a, "--plan-only") == 0) {

@@ -5,6 +5,8 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <map>
+#include <sstream>
 #include <thread>
 
 #include "catch.hpp"
@@ -12,6 +14,8 @@
 #include "topolaunch/kernels/communicator.hpp"
 #include "topolaunch/kernels/data.hpp"
 #include "topolaunch/kernels/job.hpp"
+#include "topolaunch/kernels/plan.hpp"
+#include "topolaunch/kernels/worker.hpp"
 
 using namespace topolaunch::kernels;
 namespace fs = std::filesystem;
@@ -181,4 +185,77 @@ TEST_CASE("TCP ring all-reduce: 3 ranks get identical sums") {
     CHECK(data[0][i] == data[1][i]);
     CHECK(data[1][i] == data[2][i]);
   }
+}
+
+namespace {
+// Stands in for the CUDA backend's loop: records the plan it was handed.
+bool g_gpu_trainer_called = false;
+DType g_grad_dtype = DType::i32, g_mean_dtype = DType::i32, g_act_dtype = DType::i32;
+int fake_gpu_trainer(const WorkerConfig&, const Plan& plan, const Dataset&, std::ostream&,
+                     std::ostream&) {
+  g_gpu_trainer_called = true;
+  const Graph& g = plan.graph;
+  g_grad_dtype = g[g[g.params.front()].grad].dtype;
+  for (const auto& t : g.tensors) {
+    if (t.name == "h0.ln1_mean") g_mean_dtype = t.dtype;
+    if (t.name == "h0.qkv") g_act_dtype = t.dtype;
+  }
+  return 0;
+}
+}  // namespace
+
+TEST_CASE("worker: train.precision bf16 needs the CUDA backend; with one it gets the bf16 plan") {
+  TempDir d;
+  d.write("text.txt", std::string(4000, 'a') + "bcdefgh the quick brown fox\n");
+  auto p = d.write("job.toml",
+                   "[model]\nn_layer = 1\nn_embd = 16\nn_head = 2\nblock_size = 8\n[data]\n"
+                   "path = \"" +
+                       (d.path / "text.txt").string() +
+                       "\"\n[train]\nbatch = 2\nseq_len = 8\nsteps = 1\nprecision = \"bf16\"\n");
+  WorkerOptions o;
+  o.config_path = p.string();
+  std::ostringstream out, err;
+  CHECK(run_worker(o, out, err) == 2);
+  CHECK_THAT(err.str(), Catch::Contains("train.precision: \"bf16\" needs the CUDA backend"));
+  CHECK_THAT(err.str(), Catch::Contains("-Dcuda=enabled"));
+  o.gpu_trainer = &fake_gpu_trainer;
+  std::ostringstream out2, err2;
+  CHECK(run_worker(o, out2, err2) == 0);
+  CHECK(g_gpu_trainer_called);
+  CHECK(g_grad_dtype == DType::f32);  // fp32 parameter gradients
+  CHECK(g_mean_dtype == DType::f32);  // fp32 LayerNorm statistics
+  CHECK(g_act_dtype == DType::bf16);  // bf16 activations
+}
+
+TEST_CASE("graph: Precision::cuda_bf16 types what the CUDA kernels take; fp32 graphs unchanged") {
+  GptConfig c;
+  c.n_layer = 1;
+  Graph cuda = build_gpt2(c, Precision::cuda_bf16());
+  append_backward(cuda);
+  append_optimizer(cuda);
+  Graph cpu = build_gpt2(c);
+  append_backward(cpu);
+  append_optimizer(cpu);
+  std::map<std::string, DType> cpu_dtype;
+  for (const auto& t : cpu.tensors) cpu_dtype[t.name] = t.dtype;
+  int masters = 0;
+  for (const Tensor& t : cuda.tensors) {
+    INFO(t.name);
+    if (t.name.ends_with(".master")) {
+      ++masters;  // only bf16 parameters keep an fp32 master copy
+      CHECK(t.dtype == DType::f32);
+      continue;
+    }
+    REQUIRE(cpu_dtype.count(t.name) == 1);
+    CHECK(cpu_dtype[t.name] == (t.dtype == DType::i32 ? DType::i32 : DType::f32));
+    const bool stat = t.name.ends_with("_mean") || t.name.ends_with("_rstd") ||
+                      t.name.ends_with("_lse") || t.name.find("scratch") != std::string::npos ||
+                      t.name == "losses";
+    if (t.role == Role::gradient || t.role == Role::optimizer_state || stat || t.name == "scalars")
+      CHECK(t.dtype == DType::f32);
+    else if (t.role == Role::parameter || t.role == Role::activation)
+      CHECK(t.dtype == DType::bf16);
+  }
+  CHECK(masters == static_cast<int>(cuda.params.size()));
+  CHECK(cuda.tensors.size() == cpu.tensors.size() + cuda.params.size());
 }

@@ -1,0 +1,127 @@
+#!/usr/bin/env bash
+# Builds the CUDA executor, its test and the GPT-2 benchmark with nvcc/g++ on an H200 host (that
+# host has no toml++ and another Catch2; these programs need neither) and runs them. From the
+# repository root:
+#   MODE=test  tests/gpu/run_cuda_backend.sh   test_cuda_backend + the PyTorch reference of the
+#                                              small GPT + a short GPT-2 124M smoke run
+#   MODE=bench tests/gpu/run_cuda_backend.sh   gpt2_bench (B=16, 64, 8 graph vs op by op, B=64
+#                                              under 16 GiB) + gpt2_torch.py (eager, compile)
+# Logs and JSON go to $OUT (default build-gpu-exec/out).
+set -uo pipefail
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+MODE=${MODE:-test}
+OUT=${OUT:-build-gpu-exec/out}
+BUILD=build-gpu-exec
+mkdir -p "$BUILD" "$OUT"
+NVCC=${NVCC:-/usr/local/cuda/bin/nvcc}
+INC=(-Ikernels/include -Itopology/include -Ikernels/cpu -Ikernels/cuda)
+NVFLAGS=(-std=c++20 -O2 -gencode=arch=compute_90,code=sm_90 --extended-lambda "${INC[@]}")
+CXXFLAGS=(-std=c++20 -O3 -fopenmp "${INC[@]}")
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,memory.total --format=csv \
+  | tee "$OUT/gpu.txt"
+"$NVCC" --version | tail -1 | tee -a "$OUT/gpu.txt"
+
+build() {
+  local t0=$SECONDS pids=() objs=()
+  for src in kernels/src/graph.cpp kernels/src/plan.cpp kernels/cpu/cpu_backend.cpp; do
+    local o="$BUILD/$(basename "$src").o"
+    objs+=("$o")
+    g++ "${CXXFLAGS[@]}" -c "$src" -o "$o" & pids+=($!)
+  done
+  for src in kernels/cuda/kernels.cu kernels/cuda/matmul.cu kernels/cuda/attention.cu \
+             kernels/cuda/cuda_backend.cu tests/gpu/test_cuda_backend.cu \
+             tests/bench/kernels/gpt2_bench.cu; do
+    "$NVCC" "${NVFLAGS[@]}" -c "$src" -o "$BUILD/$(basename "$src").o" & pids+=($!)
+  done
+  local rc=0
+  for p in "${pids[@]}"; do wait "$p" || rc=1; done
+  [ $rc -eq 0 ] || { echo "compile failed"; return 3; }
+  local lib=("${objs[@]}" "$BUILD/kernels.cu.o" "$BUILD/matmul.cu.o" "$BUILD/attention.cu.o"
+             "$BUILD/cuda_backend.cu.o")
+  "$NVCC" "${NVFLAGS[@]}" -Xcompiler=-fopenmp "$BUILD/test_cuda_backend.cu.o" "${lib[@]}" \
+    -lcublasLt -lgomp -o "$BUILD/test_cuda_backend" || return 3
+  "$NVCC" "${NVFLAGS[@]}" -Xcompiler=-fopenmp "$BUILD/gpt2_bench.cu.o" "${lib[@]}" \
+    -lcublasLt -lgomp -o "$BUILD/gpt2_bench" || return 3
+  echo "built in $((SECONDS - t0)) s"
+}
+
+# topolaunch-worker with the CUDA backend (train.precision = "bf16"): toml++ and zlib's headers
+# come from the carried .carry-cudaexec/include (the host has neither dev package).
+build_worker() {
+  local pids=() objs=() rc=0
+  for src in kernels/src/graph.cpp kernels/src/plan.cpp kernels/src/job.cpp kernels/src/data.cpp \
+             kernels/src/checkpoint.cpp kernels/src/communicator_tcp.cpp \
+             kernels/src/communicator_ucx_stub.cpp kernels/src/worker.cpp \
+             kernels/src/worker_main.cpp kernels/cpu/cpu_backend.cpp kernels/cuda/cuda_worker.cpp; do
+    local o="$BUILD/w_$(basename "$src").o"
+    objs+=("$o")
+    g++ "${CXXFLAGS[@]}" -DTOPOLAUNCH_WITH_CUDA=1 -I.carry-cudaexec/include \
+      -I/usr/local/cuda/include -c "$src" -o "$o" & pids+=($!)
+  done
+  for p in "${pids[@]}"; do wait "$p" || rc=1; done
+  [ $rc -eq 0 ] || { echo "worker compile failed"; return 3; }
+  local zlib=$(ls /usr/lib/x86_64-linux-gnu/libz.so* 2>/dev/null | head -1)
+  "$NVCC" "${NVFLAGS[@]}" -Xcompiler=-fopenmp "${objs[@]}" "$BUILD/kernels.cu.o" \
+    "$BUILD/matmul.cu.o" "$BUILD/attention.cu.o" "$BUILD/cuda_backend.cu.o" -lcublasLt -lgomp \
+    $zlib -o "$BUILD/topolaunch-worker"
+}
+
+build 2>&1 | tee "$OUT/build.log"
+[ "${PIPESTATUS[0]}" -eq 0 ] || exit 3
+
+if [ "$MODE" = test ]; then
+  build_worker > "$OUT/worker_build.log" 2>&1 &
+  worker_build_pid=$!
+  echo "=== test_cuda_backend"
+  "$BUILD/test_cuda_backend" "$OUT" 2>&1 | tee "$OUT/test_cuda_backend.log"
+  test_rc=${PIPESTATUS[0]}
+  echo "test_cuda_backend exit status: $test_rc"
+  echo "=== gpt2_torch_reference"
+  if [ -f "$OUT/gpt2_small.json" ]; then
+    PYTHONUNBUFFERED=1 timeout 120 python3 tests/bench/kernels/gpt2_torch_reference.py "$OUT" \
+      > "$OUT/gpt2_torch_reference.json" 2> "$OUT/gpt2_torch_reference.err"
+    ref_rc=$?
+    cat "$OUT/gpt2_torch_reference.json"; tail -5 "$OUT/gpt2_torch_reference.err"
+    echo "gpt2_torch_reference exit status: $ref_rc"
+  else
+    ref_rc=9
+  fi
+  echo "=== topolaunch-worker, train.precision = bf16 (CUDA backend)"
+  if wait "$worker_build_pid"; then
+    cat > "$OUT/job.toml" <<EOT
+[model]
+kind = "gpt2"
+n_layer = 2
+n_embd = 128
+n_head = 2
+block_size = 128
+[data]
+kind = "text"
+path = "README.md"
+[train]
+batch = 16
+seq_len = 128
+steps = 60
+learning_rate = 3e-3
+log_every = 10
+precision = "bf16"
+metrics_file = "$OUT/worker_metrics.jsonl"
+EOT
+    timeout 60 "$BUILD/topolaunch-worker" "$OUT/job.toml" 2>&1 | tee "$OUT/worker.log"
+    echo "topolaunch-worker exit status: ${PIPESTATUS[0]}"
+  else
+    tail -20 "$OUT/worker_build.log"; echo "worker build failed (see worker_build.log)"
+  fi
+  echo "=== gpt2_bench smoke (B=16 graph, B=8 op by op)"
+  timeout 60 "$BUILD/gpt2_bench" 16:graph 8:op_by_op 2>&1 | tee "$OUT/gpt2_smoke.jsonl"
+  exit $(( test_rc != 0 || ref_rc != 0 ))
+fi
+
+echo "=== gpt2_bench (ours)"
+"$BUILD/gpt2_bench" ${OURS_CONFIGS:-} 2>"$OUT/gpt2_bench.err" | tee "$OUT/gpt2_ours.jsonl"
+tail -5 "$OUT/gpt2_bench.err"
+echo "=== gpt2_torch.py (eager, compile)"
+PYTHONUNBUFFERED=1 python3 tests/bench/kernels/gpt2_torch.py "$OUT/gpt2_ours.jsonl" \
+  ${TORCH_BATCHES:-16 64 8} 2>"$OUT/gpt2_torch.err" | tee "$OUT/gpt2_torch.jsonl"
+tail -5 "$OUT/gpt2_torch.err"
+cat "$OUT/gpt2_ours.jsonl" "$OUT/gpt2_torch.jsonl" > "$OUT/gpt2_bench.jsonl"
