@@ -29,13 +29,16 @@
 #include <sstream>
 
 #include "process.hpp"
+#include "topolaunch/launcher/agent_wireup.hpp"
 #include "topolaunch/launcher/job_config.hpp"
+#include "topolaunch/launcher/memory_watch.hpp"
 #include "topolaunch/launcher/report.hpp"
 #include "topolaunch/launcher/units.hpp"
 #include "topolaunch/launcher/worker_env.hpp"
 #include "topolaunch/topology/discover.hpp"
 #include "topolaunch/topology/rankmap.hpp"
 #include "topolaunch/topology/serialize.hpp"
+#include "topolaunch/wireup/kv_store.hpp"
 #include "topolaunch/wireup/tcp_store.hpp"
 
 extern char** environ;
@@ -105,13 +108,6 @@ Environment current_environment() {
   return env;
 }
 
-std::uint64_t rss_bytes(pid_t pid) {
-  std::ifstream statm(fmt::format("/proc/{}/statm", pid));
-  std::uint64_t size_pages = 0, resident_pages = 0;
-  if (!(statm >> size_pages >> resident_pages)) return 0;
-  return resident_pages * static_cast<std::uint64_t>(::sysconf(_SC_PAGESIZE));
-}
-
 // Splits a pipe's bytes into whole lines for the log file and the merged stream.
 struct LineStream {
   Fd fd;
@@ -163,6 +159,7 @@ struct Job {
   Environment inherited;
   Clock::time_point job_start;
   bool terminal = false;
+  std::shared_ptr<NvmlMemoryWatch> gpu_watch;  // null: GPU memory is not watched
 };
 
 class AttemptRunner {
@@ -449,7 +446,7 @@ class AttemptRunner {
   void fail(Worker& w, const std::string& what, int, int) {
     if (w.outcome.cause.empty()) w.outcome.cause = "root cause";
     if (!first_failure_) {
-      first_failure_ = RootCause{attempt_, w.rank, job_.node_name, what};
+      first_failure_ = RootCause{attempt_, w.rank, job_.node_name, what, ""};
     }
     if (stop_ == StopKind::none) {
       stop_ = StopKind::failure;
@@ -470,22 +467,68 @@ class AttemptRunner {
     if (in >> counter) w.outcome.heartbeat = counter;
   }
 
-  void check_workers(Clock::time_point now) {
-    const auto timeout = job_.config.job.heartbeat_timeout;
+  // Host memory of each rank's process tree and, through NVML, the GPU memory of its pids.
+  void check_memory() {
     const auto budget = job_.config.budget.memory_bytes_per_rank;
+    const auto gpu_budget = job_.config.budget.gpu_memory_bytes_per_rank;
+    const auto table = read_process_table();
+    std::vector<GpuProcessMemory> gpu_usage;
+    if (job_.gpu_watch) {
+      auto usage = job_.gpu_watch->usage();
+      if (usage) {
+        gpu_usage = std::move(*usage);
+      } else if (!gpu_error_said_) {
+        gpu_error_said_ = true;
+        std::fprintf(stderr, "topolaunch: %s: GPU memory not watched this attempt: %s\n",
+                     job_.node_name.c_str(), usage.error().message.c_str());
+      }
+    }
     for (Worker& w : workers_) {
-      if (!w.running) continue;
-      std::uint64_t rss = rss_bytes(w.process.pid);
-      w.outcome.peak_rss_bytes = std::max(w.outcome.peak_rss_bytes, rss);
-      if (budget != 0 && rss > budget && stop_ == StopKind::none) {
+      if (!w.running || stop_ != StopKind::none) continue;
+      const auto tree = process_tree(w.process.pid, table);
+      const std::uint64_t host_bytes = tree_memory_bytes(tree);
+      w.outcome.peak_rss_bytes = std::max(w.outcome.peak_rss_bytes, host_bytes);
+      if (budget != 0 && host_bytes > budget) {
         ::kill(-w.process.pid, SIGKILL);
+        for (pid_t pid : tree) ::kill(pid, SIGKILL);  // children that left the group too
         w.outcome.cause = "over memory budget";
         fail(w,
-             fmt::format("over its memory budget: RSS {} > budget.memory {}", format_size(rss),
+             fmt::format("over its memory budget: RSS {} of {} process{} > budget.memory {}",
+                         format_size(host_bytes), tree.size(), tree.size() == 1 ? "" : "es",
                          format_size(budget)),
              -1, SIGKILL);
         continue;
       }
+      const auto per_device = gpu_bytes_of_tree(gpu_usage, tree);
+      std::uint64_t gpu_bytes = 0;
+      std::string devices;
+      for (const auto& [device, bytes] : per_device) {
+        gpu_bytes += bytes;
+        devices += fmt::format("{}GPU {} holds {}", devices.empty() ? "" : ", ", device,
+                               format_size(bytes));
+      }
+      w.outcome.peak_gpu_bytes = std::max(w.outcome.peak_gpu_bytes, gpu_bytes);
+      if (gpu_budget != 0 && gpu_bytes > gpu_budget) {
+        ::kill(-w.process.pid, SIGKILL);
+        for (pid_t pid : tree) ::kill(pid, SIGKILL);
+        w.outcome.cause = "over GPU memory budget";
+        fail(w,
+             fmt::format("over its GPU memory budget on node {}: {} ({} in all) > "
+                         "budget.gpu_memory {}",
+                         job_.node_name, devices, format_size(gpu_bytes), format_size(gpu_budget)),
+             -1, SIGKILL);
+      }
+    }
+  }
+
+  void check_workers(Clock::time_point now) {
+    const auto timeout = job_.config.job.heartbeat_timeout;
+    if (now - last_memory_check_ >= 200ms) {
+      last_memory_check_ = now;
+      check_memory();
+    }
+    for (Worker& w : workers_) {
+      if (!w.running) continue;
       if (timeout.count() == 0) continue;
       struct stat st {};
       if (::stat(w.heartbeat_path.c_str(), &st) == 0 &&
@@ -522,6 +565,8 @@ class AttemptRunner {
   std::optional<Clock::time_point> all_reaped_at_;
   std::optional<RootCause> first_failure_;
   AttemptReport report_;
+  Clock::time_point last_memory_check_{};
+  bool gpu_error_said_ = false;
 };
 
 std::string make_run_id(const std::string& name) {
@@ -641,6 +686,50 @@ Result<Job> prepare(const RunOptions& options) {
   return job;
 }
 
+// NVML once per job. When it is absent and there is GPU memory to watch (a GPU budget, or ranks
+// with GPUs here), the log says so once: not an error, the job runs without the GPU watch.
+void open_gpu_watch(Job& job) {
+  auto watch = NvmlMemoryWatch::open(nvml_library_name());
+  if (watch) {
+    job.gpu_watch = std::shared_ptr<NvmlMemoryWatch>(std::move(*watch));
+    return;
+  }
+  bool gpus_here = false;
+  for (const auto& assignment : job.map.ranks) {
+    if (assignment.node == job.node_index && !assignment.gpus.empty()) gpus_here = true;
+  }
+  if (job.config.budget.gpu_memory_bytes_per_rank != 0 || gpus_here) {
+    std::fprintf(stderr, "topolaunch: %s: GPU memory is not watched: %s\n", job.node_name.c_str(),
+                 watch.error().message.c_str());
+  }
+}
+
+// The [rdma] preflight stage of this node (attempt 0 only): prints its one line (nothing when
+// the config turns it off) and keeps the stages' JSON lines in <job_dir>/preflight.jsonl.
+PreflightStageOutcome preflight_stage(const Job& job, wireup::KvStore* store) {
+  if (!job.options.preflight) {
+    return PreflightStageOutcome{true, 0, "rdma preflight: not available in this program", ""};
+  }
+  const fs::path scratch = job.job_dir / "preflight-store";
+  std::error_code ec;
+  fs::remove_all(scratch, ec);  // a store left by an earlier run in this job dir
+  if (store == nullptr) fs::create_directories(scratch, ec);
+  PreflightStageOutcome outcome =
+      job.options.preflight(job.config, job.node_name, store, scratch.string());
+  if (store == nullptr) fs::remove_all(scratch, ec);
+  if (job.config.rdma.preflight != PreflightMode::off) {
+    std::fprintf(stderr, "topolaunch: %s\n", outcome.line.c_str());
+  }
+  if (!outcome.jsonl.empty()) {
+    (void)write_file(job.job_dir / fmt::format("preflight-{}.jsonl", job.node_name), outcome.jsonl);
+  }
+  return outcome;
+}
+
+RootCause preflight_root_cause(const Job& job, int attempt, const PreflightStageOutcome& outcome) {
+  return RootCause{attempt, -1, job.node_name, outcome.line, "preflight"};
+}
+
 // Blocks the handled signals for the agent's lifetime (threads started later inherit the mask)
 // and restores the previous mask at the end.
 class SignalScope {
@@ -750,6 +839,18 @@ pid_t spawn_srun(const std::vector<std::string>& argv, const Environment& env) {
   return pid;
 }
 
+// The MPI plugins this Slurm's srun offers (`srun --mpi=list`); empty when srun cannot say.
+std::vector<std::string> srun_mpi_plugins() {
+  std::string text;
+  if (FILE* pipe = ::popen("srun --mpi=list 2>&1", "r")) {
+    char buffer[4096];
+    for (std::size_t n; (n = std::fread(buffer, 1, sizeof(buffer), pipe)) > 0;)
+      text.append(buffer, n);
+    ::pclose(pipe);
+  }
+  return parse_srun_mpi_list(text);
+}
+
 // `run` inside a multi-node allocation: stores here, one agent per node through srun.
 int run_slurm(Job& job, int nodes, int signal_fd) {
   JobReport report;
@@ -758,6 +859,15 @@ int run_slurm(Job& job, int nodes, int signal_fd) {
   report.job_dir = job.job_dir.string();
   report.max_restarts = job.config.job.restarts;
   const std::string host = advertised_host();
+  // The agents' step gets the --mpi= plugin that matches [wireup].backend (agent_wireup.hpp).
+  std::vector<std::string> offered;
+  if (job.config.wireup.backend != WireupBackend::tcp) offered = srun_mpi_plugins();
+  auto mpi = srun_mpi_for(job.config.wireup.backend, offered, wireup::compiled_backends());
+  if (!mpi) {
+    std::fprintf(stderr, "topolaunch: %s\n", mpi.error().message.c_str());
+    return 2;
+  }
+  const bool agents_use_tcp = *mpi == "none";
   int exit_code = 1;
   for (int attempt = 0;; ++attempt) {
     const auto attempt_start = Clock::now();
@@ -765,7 +875,9 @@ int run_slurm(Job& job, int nodes, int signal_fd) {
     agents_options.bind_host = "0.0.0.0";
     agents_options.secret = job.secret;
     agents_options.world_size = nodes;
-    auto agents_store = wireup::TcpStoreServer::start(agents_options);
+    Result<std::unique_ptr<wireup::TcpStoreServer>> agents_store =
+        std::unique_ptr<wireup::TcpStoreServer>();
+    if (agents_use_tcp) agents_store = wireup::TcpStoreServer::start(agents_options);
     wireup::TcpStoreServerOptions workers_options = agents_options;
     workers_options.port = static_cast<std::uint16_t>(job.config.wireup.port);
     workers_options.world_size = 0;  // the workers' WORLD_SIZE, from the first to connect
@@ -776,13 +888,18 @@ int run_slurm(Job& job, int nodes, int signal_fd) {
       return attempt == 0 ? 2 : 1;
     }
     Environment env = job.inherited;
-    env["TOPOLAUNCH_AGENT_STORE"] = fmt::format("{}:{}", host, (*agents_store)->port());
+    if (agents_use_tcp) {
+      env["TOPOLAUNCH_AGENT_STORE"] = fmt::format("{}:{}", host, (*agents_store)->port());
+    } else {
+      env.erase("TOPOLAUNCH_AGENT_STORE");
+    }
     env["TOPOLAUNCH_WORKER_STORE"] = fmt::format("{}:{}", host, (*workers_store)->port());
     env["TOPOLAUNCH_STORE_SECRET"] = job.secret;
     env["TOPOLAUNCH_MASTER_PORT"] = std::to_string(free_port());
     std::vector<std::string> argv{"srun",
                                   "--ntasks-per-node=1",
                                   "--kill-on-bad-exit=1",
+                                  "--mpi=" + *mpi,
                                   fmt::format("--nodes={}", nodes),
                                   fmt::format("--ntasks={}", nodes),
                                   fs::read_symlink("/proc/self/exe").string(),
@@ -828,6 +945,7 @@ int run_slurm(Job& job, int nodes, int signal_fd) {
     merged.wall_s = seconds_between(attempt_start, Clock::now());
     std::optional<RootCause> cause;
     std::string agent_outcome;
+    int preflight_exit = 0;  // an agent's [rdma] preflight stopped the job: 2 bad input, 1 fabric
     for (int node = 0; node < nodes; ++node) {
       std::ifstream in(job.job_dir / fmt::format("attempt-{}", attempt) /
                        fmt::format("node-{}.json", node));
@@ -838,7 +956,15 @@ int run_slurm(Job& job, int nodes, int signal_fd) {
       const AttemptReport& a = fragment->attempts.front();
       merged.all_started_s = std::max(merged.all_started_s, a.all_started_s);
       merged.ranks.insert(merged.ranks.end(), a.ranks.begin(), a.ranks.end());
-      if (fragment->root_cause && a.outcome == "failed" && !cause) cause = fragment->root_cause;
+      if (report.agent_wireup.empty()) report.agent_wireup = fragment->agent_wireup;
+      if (attempt == 0 && node == 0) report.preflight = fragment->preflight;
+      if (fragment->root_cause && a.outcome == "failed" && !cause) {
+        cause = fragment->root_cause;
+        if (cause->phase == "preflight") {
+          preflight_exit = fragment->exit_code;
+          report.preflight = fragment->preflight;
+        }
+      }
       // Agents signalled by Slurm directly (scancel --signal=USR1 JOBID, step teardown).
       if (a.outcome == "requeue" || a.outcome == "stopped") agent_outcome = a.outcome;
     }
@@ -856,11 +982,18 @@ int run_slurm(Job& job, int nodes, int signal_fd) {
           RootCause{attempt, -1, "",
                     fmt::format("srun {} before any agent reported a failure",
                                 describe_wait_status(WIFEXITED(status) ? WEXITSTATUS(status) : -1,
-                                                     WIFSIGNALED(status) ? WTERMSIG(status) : 0))};
+                                                     WIFSIGNALED(status) ? WTERMSIG(status) : 0)),
+                    ""};
     }
     if (cause && !report.root_cause) report.root_cause = cause;
     report.attempts.push_back(merged);
     report.restarts_used = attempt;
+    if (preflight_exit != 0 && requested.empty()) {
+      // Nothing ran: a restart would meet the same fabric (or the same missing NIC).
+      report.status = "failed";
+      exit_code = preflight_exit;
+      break;
+    }
     if (merged.outcome == "failed" && attempt < job.config.job.restarts) {
       std::fprintf(stderr, "topolaunch: attempt %d failed (%s); restarting (%d of %d)\n", attempt,
                    cause ? cause->what.c_str() : "?", attempt + 1, job.config.job.restarts);
@@ -911,13 +1044,37 @@ int run_job(const RunOptions& options) {
   for (const std::string& warning : job.map.warnings) {
     std::fprintf(stderr, "topolaunch: warning: %s\n", warning.c_str());
   }
+  // One agent, in-process: no agent exchange. A PMIx/PMI2 request still has to be satisfiable.
+  if (job.config.wireup.backend == WireupBackend::pmix ||
+      job.config.wireup.backend == WireupBackend::pmi2) {
+    auto backend = agent_backend(job.config.wireup.backend, wireup::current_environment(),
+                                 wireup::compiled_backends());
+    if (!backend) {
+      std::fprintf(stderr, "topolaunch: %s; on one node use \"auto\" or \"tcp\"\n",
+                   backend.error().message.c_str());
+      return 2;
+    }
+  }
 
   JobReport report;
   report.job_name = job.config.job.name;
   report.run_id = job.run_id;
   report.job_dir = job.job_dir.string();
   report.max_restarts = job.config.job.restarts;
+  report.agent_wireup = "none";
   int exit_code = 0;
+  const PreflightStageOutcome preflight = preflight_stage(job, nullptr);
+  report.preflight = preflight.line;
+  if (!preflight.ok) {
+    report.status = "failed";
+    report.exit_code = preflight.exit_code;
+    report.root_cause = preflight_root_cause(job, 0, preflight);
+    report.wall_s = seconds_between(job.job_start, Clock::now());
+    (void)write_file(job.job_dir / "report.json", to_json(report));
+    if (preflight.exit_code != 2) std::fputs(summarize(report).c_str(), stderr);
+    return preflight.exit_code;
+  }
+  open_gpu_watch(job);
   for (int attempt = 0;; ++attempt) {
     AttemptRunner runner(job, attempt, signals.fd());
     int stop_signal = 0;
@@ -994,44 +1151,90 @@ int run_agent(const AgentOptions& options) {
   }
   auto node = local_node_input(options.run, job.config, job.node_name);
   if (!node) return fail(node.error().message);
-  wireup::TcpStoreClientOptions client_options;
-  client_options.address = env_string("TOPOLAUNCH_AGENT_STORE");
-  client_options.secret = job.secret;
-  client_options.rank = node_id;
-  client_options.world_size = nodes;
-  auto store = wireup::TcpStoreClient::connect(client_options);
-  if (!store) return fail(store.error().message);
+  // The agents' exchange goes through the [wireup].backend store (agent_wireup.hpp).
+  auto backend = agent_backend(job.config.wireup.backend, wireup::current_environment(),
+                               wireup::compiled_backends());
+  if (!backend) return fail(backend.error().message);
+  std::unique_ptr<wireup::KvStore> store;
+  if (*backend == wireup::Backend::tcp) {
+    wireup::TcpStoreClientOptions client_options;
+    client_options.address = env_string("TOPOLAUNCH_AGENT_STORE");
+    client_options.secret = job.secret;
+    client_options.rank = node_id;
+    client_options.world_size = nodes;
+    auto client = wireup::TcpStoreClient::connect(client_options);
+    if (!client) return fail(client.error().message);
+    store = std::move(*client);
+  } else {
+    wireup::Env env = wireup::current_environment();
+    env["TOPOLAUNCH_WIREUP"] = std::string(backend_name(*backend));
+    auto connected = wireup::connect_from_env(env, job.config.wireup.timeout);
+    if (!connected) return fail(fmt::format("wireup.backend: {}", connected.error().message));
+    store = std::move(*connected);
+    // The PMI2 socket is the agent's own: workers must not inherit it.
+    if (int pmi_fd = env_int("PMI_FD", -1); pmi_fd >= 0) ::fcntl(pmi_fd, F_SETFD, FD_CLOEXEC);
+  }
+  if (store->size() != nodes) {
+    return fail(fmt::format("wireup {}: {} agents in the store, {} nodes in the step",
+                            store->backend(), store->size(), nodes));
+  }
+  const int agent_rank = store->rank();
+  std::fprintf(stderr, "topolaunch agent %s: wireup: agents exchange through %s (agent %d of %d)\n",
+               job.node_name.c_str(), std::string(store->backend()).c_str(), agent_rank, nodes);
+  // Workers get the TCP store; the agent's PMI variables describe the agent, not them.
+  std::erase_if(job.inherited,
+                [](const auto& entry) { return is_agent_pmi_variable(entry.first); });
   const auto timeout = job.config.wireup.timeout;
-  if (auto s = (*store)->put(wireup::rank_key("node", node_id), node_input_to_json(*node)); !s) {
+  if (auto s = store->put(wireup::rank_key("node", agent_rank), node_input_to_json(*node)); !s) {
     return fail(s.error().message);
   }
-  if (auto s = (*store)->fence(timeout); !s) return fail(s.error().message);
+  if (auto s = store->fence(timeout); !s) return fail(s.error().message);
   std::vector<topology::NodeInput> inputs;
   for (int i = 0; i < nodes; ++i) {
-    auto text = (*store)->get_string(wireup::rank_key("node", i), timeout);
+    auto text = store->get_string(wireup::rank_key("node", i), timeout);
     if (!text) return fail(text.error().message);
     auto input = node_input_from_json(*text, fmt::format("agent {}", i));
     if (!input) return fail(input.error().message);
     inputs.push_back(std::move(*input));
   }
-  if (auto s = set_map(job, inputs, node_id == 0); !s) return fail(s.error().message);
+  if (auto s = set_map(job, inputs, agent_rank == 0); !s) return fail(s.error().message);
+
+  JobReport fragment;
+  fragment.job_name = job.config.job.name;
+  fragment.run_id = job.run_id;
+  fragment.job_dir = job.job_dir.string();
+  fragment.agent_wireup = std::string(store->backend());
+  const fs::path fragment_path = job.job_dir / fmt::format("attempt-{}", options.attempt) /
+                                 fmt::format("node-{}.json", agent_rank);
+  if (options.attempt == 0) {
+    const PreflightStageOutcome preflight = preflight_stage(job, store.get());
+    fragment.preflight = preflight.line;
+    if (!preflight.ok) {
+      AttemptReport failed;
+      failed.attempt = options.attempt;
+      failed.outcome = "failed";
+      fragment.status = "failed";
+      fragment.exit_code = preflight.exit_code;
+      fragment.root_cause = preflight_root_cause(job, options.attempt, preflight);
+      fragment.attempts.push_back(failed);
+      std::error_code ec;
+      fs::create_directories(fragment_path.parent_path(), ec);
+      (void)write_file(fragment_path, to_json(fragment));
+      return preflight.exit_code;
+    }
+  }
+  open_gpu_watch(job);
 
   AttemptRunner runner(job, options.attempt, signals.fd());
   std::optional<RootCause> cause;
   int stop_signal = 0;
   auto result = runner.run(cause, stop_signal);
   if (!result) return fail(result.error().message);
-  JobReport fragment;
-  fragment.job_name = job.config.job.name;
-  fragment.run_id = job.run_id;
-  fragment.job_dir = job.job_dir.string();
   fragment.status = result->outcome;
   fragment.exit_code = exit_code_of(result->outcome, stop_signal);
   fragment.root_cause = cause;
   fragment.attempts.push_back(*result);
-  (void)write_file(job.job_dir / fmt::format("attempt-{}", options.attempt) /
-                       fmt::format("node-{}.json", node_id),
-                   to_json(fragment));
+  (void)write_file(fragment_path, to_json(fragment));
   return fragment.exit_code;
 }
 

@@ -14,6 +14,7 @@
 #include <sstream>
 
 #include "commands.hpp"
+#include "preflight_stage.hpp"
 #include "topolaunch/launcher/job_config.hpp"
 #include "topolaunch/rdma/preflight.hpp"
 #include "topolaunch/rdma/store.hpp"
@@ -47,27 +48,18 @@ int run_preflight_command(const PreflightOptions& o) {
   if (!config) return fail(config.error().message, 2);
   const RdmaSection& rdma_cfg = config->rdma;
 
-  rdma::PreflightPlanInput plan;
-  plan.level = rdma_cfg.preflight == PreflightMode::full    ? rdma::PreflightLevel::full
-               : rdma_cfg.preflight == PreflightMode::quick ? rdma::PreflightLevel::quick
-                                                            : rdma::PreflightLevel::off;
+  rdma::PreflightLevel level = preflight_level_of(rdma_cfg.preflight);
   if (!o.level.empty()) {
     auto lvl = rdma::parse_preflight_level(o.level);
     if (!lvl) return fail("--level: " + lvl.error().message, 2);
-    plan.level = *lvl;
+    level = *lvl;
   }
-  if (plan.level == rdma::PreflightLevel::off) {
+  if (level == rdma::PreflightLevel::off) {
     std::printf("preflight is off in %s ([rdma] preflight = \"off\")\n", o.config_path.c_str());
     return 0;
   }
-  plan.node = o.node.empty() ? hostname() : o.node;
-  plan.transport = o.transport;
-  plan.sysfs_root = o.sysfs;
-  plan.nics = rdma_cfg.nics.include;
-  plan.require_gpudirect = rdma_cfg.gpudirect == GpuDirectPolicy::require;
-  plan.min_bandwidth_gbps = rdma_cfg.min_bandwidth_gbps;
-  plan.max_latency_us = static_cast<double>(rdma_cfg.max_latency.count());
-  plan.stage_timeout = rdma_cfg.preflight_timeout;
+  rdma::PreflightPlanInput plan = preflight_plan_input(
+      rdma_cfg, level, o.node.empty() ? hostname() : o.node, o.transport, o.sysfs);
 
   // The job's store when a launcher or srun provides one; else this node alone.
   std::unique_ptr<wireup::KvStore> store;

@@ -3,6 +3,7 @@
 #include <cstdio>
 
 #include "commands.hpp"
+#include "preflight_stage.hpp"
 #include "topolaunch/launcher/agent.hpp"
 
 namespace topolaunch::launcher {
@@ -20,6 +21,7 @@ void register_run_command(CLI::App& app, int& exit_code) {
   cmd->add_flag("--json", options->print_json, "print the JSON report instead of the summary");
   cmd->add_flag("--local", options->local,
                 "inside a multi-node Slurm allocation, run on this node only");
+  options->preflight = run_preflight_stage;
   cmd->callback([options, &exit_code] { exit_code = run_job(*options); });
 }
 
@@ -34,6 +36,7 @@ void register_agent_command(CLI::App& app, int& exit_code) {
   cmd->add_option("--run-id", options->run_id)->required();
   cmd->add_option("--attempt", options->attempt)->required();
   cmd->add_flag("-q,--quiet", options->run.quiet);
+  options->run.preflight = run_preflight_stage;
   cmd->callback([options, &exit_code] { exit_code = run_agent(*options); });
 }
 

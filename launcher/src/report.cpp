@@ -30,11 +30,14 @@ std::string to_json(const JobReport& r) {
   j["wall_s"] = r.wall_s;
   j["restarts_used"] = r.restarts_used;
   j["max_restarts"] = r.max_restarts;
+  j["wireup"] = {{"agents", r.agent_wireup}, {"workers", "tcp"}};
+  j["preflight"] = r.preflight;
   if (r.root_cause) {
     j["root_cause"] = {{"attempt", r.root_cause->attempt},
                        {"rank", r.root_cause->rank},
                        {"node", r.root_cause->node},
-                       {"what", r.root_cause->what}};
+                       {"what", r.root_cause->what},
+                       {"phase", r.root_cause->phase}};
   } else {
     j["root_cause"] = nullptr;
   }
@@ -53,6 +56,7 @@ std::string to_json(const JobReport& r) {
                              {"signal", o.signal},
                              {"status", describe_wait_status(o.exit_code, o.signal)},
                              {"peak_rss_bytes", o.peak_rss_bytes},
+                             {"peak_gpu_bytes", o.peak_gpu_bytes},
                              {"wall_s", o.wall_s},
                              {"heartbeat", o.heartbeat},
                              {"cause", o.cause}});
@@ -74,10 +78,14 @@ std::optional<JobReport> report_from_json(const std::string& text) {
   r.wall_s = j.value("wall_s", 0.0);
   r.restarts_used = j.value("restarts_used", 0);
   r.max_restarts = j.value("max_restarts", 0);
+  if (j.contains("wireup") && j["wireup"].is_object()) {
+    r.agent_wireup = j["wireup"].value("agents", "");
+  }
+  r.preflight = j.value("preflight", "");
   if (j.contains("root_cause") && j["root_cause"].is_object()) {
     const auto& c = j["root_cause"];
     r.root_cause = RootCause{c.value("attempt", -1), c.value("rank", -1), c.value("node", ""),
-                             c.value("what", "")};
+                             c.value("what", ""), c.value("phase", "")};
   }
   for (const auto& ja : j.value("attempts", nlohmann::json::array())) {
     AttemptReport a;
@@ -96,6 +104,7 @@ std::optional<JobReport> report_from_json(const std::string& text) {
       o.exit_code = jr.value("exit_code", -1);
       o.signal = jr.value("signal", 0);
       o.peak_rss_bytes = jr.value("peak_rss_bytes", std::uint64_t{0});
+      o.peak_gpu_bytes = jr.value("peak_gpu_bytes", std::uint64_t{0});
       o.wall_s = jr.value("wall_s", 0.0);
       o.heartbeat = jr.value("heartbeat", "");
       o.cause = jr.value("cause", "");
@@ -109,7 +118,11 @@ std::optional<JobReport> report_from_json(const std::string& text) {
 std::string summarize(const JobReport& r) {
   std::string out = fmt::format("topolaunch: job {} {} after {:.1f}s ({} of {} restarts used)\n",
                                 r.run_id, r.status, r.wall_s, r.restarts_used, r.max_restarts);
-  if (r.root_cause) {
+  if (r.root_cause && r.root_cause->rank < 0) {
+    out += fmt::format("  root cause: {} on {} (attempt {}): {}\n",
+                       r.root_cause->phase.empty() ? "the job" : r.root_cause->phase,
+                       r.root_cause->node, r.root_cause->attempt, r.root_cause->what);
+  } else if (r.root_cause) {
     out += fmt::format("  root cause: rank {} on {} (attempt {}): {}\n", r.root_cause->rank,
                        r.root_cause->node, r.root_cause->attempt, r.root_cause->what);
   }

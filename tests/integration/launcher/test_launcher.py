@@ -17,6 +17,7 @@ import time
 import uuid
 
 TOPOLAUNCH, WORKER, ROOT, CASE = sys.argv[1:5]
+FAKE_NVML = sys.argv[5] if len(sys.argv) > 5 else ""  # tests/integration/launcher/fake_nvml.cpp
 TMP = tempfile.mkdtemp(prefix="topolaunch-test-")
 MARKER = "TOPOLAUNCH_TEST_MARKER"
 marker_value = uuid.uuid4().hex
@@ -32,7 +33,7 @@ def check(condition, message):
         fail(message)
 
 
-def write_config(extra_job="", extra="", ranks=4):
+def write_config(extra_job="", extra="", ranks=4, rdma='preflight = "off"'):
     path = os.path.join(TMP, "job.toml")
     with open(path, "w") as f:
         f.write(f"""[job]
@@ -43,7 +44,7 @@ stop_grace = "3s"
 [mapping]
 oversubscribe = true
 [rdma]
-preflight = "off"
+{rdma}
 {extra}
 """)
     return path
@@ -65,9 +66,10 @@ def job_processes():
     return found
 
 
-def start(config, *worker_args, job_dir=None, extra_args=()):
+def start(config, *worker_args, job_dir=None, extra_args=(), extra_env=None):
     job_dir = job_dir or os.path.join(TMP, "job")
     env = dict(os.environ, **{MARKER: marker_value})
+    env.update(extra_env or {})
     cmd = [TOPOLAUNCH, "run", config, "--job-dir", job_dir, *extra_args, "--", WORKER, *worker_args]
     return subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
@@ -237,6 +239,141 @@ def case_memory_budget():
     check(cause["rank"] == 0 and "memory budget" in cause["what"], cause)
 
 
+def children_of(parent):
+    found = []
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            if int(fields[1]) == parent:
+                found.append(int(pid))
+        except (OSError, IndexError, ValueError):
+            pass
+    return found
+
+
+def case_memory_budget_tree():
+    # Rank 2's worker stays small; the child it forks (which leaves the worker's process group)
+    # allocates 200 MiB: only counting the rank's whole tree catches it.
+    config = write_config(extra='[budget]\nmemory = "64MiB"\n')
+    proc = start(config, "--sleep", "30", "--alloc-rank", "2", "--child-alloc-mib", "200")
+    rc, out, err = finish(proc, timeout=30)
+    check(rc == 1, f"exit {rc}\n{err}")
+    cause = report()["root_cause"]
+    check(cause["rank"] == 2 and "memory budget" in cause["what"] and "2 processes" in cause["what"],
+          cause)
+    check("child " in log_of(2), f"rank 2 did not fork its child:\n{log_of(2)}")
+    assert_nothing_left(proc.pid)
+    print("stopped:", cause["what"])
+
+
+def nvml_env(usage_file):
+    check(FAKE_NVML and os.path.exists(FAKE_NVML), f"fake NVML library missing: {FAKE_NVML!r}")
+    return {"TOPOLAUNCH_NVML_LIBRARY": FAKE_NVML, "FAKE_NVML_USAGE": usage_file,
+            "FAKE_NVML_DEVICES": "2"}
+
+
+def case_gpu_memory_budget():
+    usage = os.path.join(TMP, "gpu-usage")
+    open(usage, "w").close()
+    config = write_config(extra='[budget]\ngpu_memory = "256MiB"\n')
+    proc = start(config, "--sleep", "30", "--fork-child", extra_env=nvml_env(usage))
+    pids = wait_started()
+    deadline = time.time() + 10
+    while time.time() < deadline and not children_of(pids[1]):
+        time.sleep(0.05)
+    child = children_of(pids[1])
+    check(child, "rank 1 did not fork its child")
+    time.sleep(0.5)  # a few watch rounds with nothing on the GPUs
+    check(proc.poll() is None, "the job ended before any GPU memory was used")
+    # rank 0: 100 MiB on GPU 0 (under budget); rank 1: 100 MiB (worker) + 200 MiB (its child)
+    # on GPU 1 = 300 MiB, over the 256 MiB budget only when the child is counted.
+    with open(usage + ".tmp", "w") as f:
+        f.write(f"0 {pids[0]} {100 << 20}\n1 {pids[1]} {100 << 20}\n1 {child[0]} {200 << 20}\n")
+    os.rename(usage + ".tmp", usage)
+    rc, out, err = finish(proc, timeout=20)
+    check(rc == 1, f"exit {rc}\n{err}")
+    rep = report()
+    cause = rep["root_cause"]
+    check(cause["rank"] == 1 and "GPU memory budget" in cause["what"], cause)
+    check("GPU 1 holds 300" in cause["what"] and "budget.gpu_memory 256" in cause["what"], cause)
+    check(f"on node {cause['node']}" in cause["what"], cause)
+    ranks = {r["rank"]: r for r in rep["attempts"][0]["ranks"]}
+    check(ranks[0]["peak_gpu_bytes"] == 100 << 20, f"rank 0 peak GPU {ranks[0]['peak_gpu_bytes']}")
+    check(ranks[1]["peak_gpu_bytes"] == 300 << 20, f"rank 1 peak GPU {ranks[1]['peak_gpu_bytes']}")
+    check("not watched" not in err, err)
+    assert_nothing_left(proc.pid)
+    print("stopped:", cause["what"])
+
+
+def case_gpu_memory_unwatched():
+    config = write_config(extra_job="restarts = 1", extra='[budget]\ngpu_memory = "256MiB"\n')
+    env = {"TOPOLAUNCH_NVML_LIBRARY": os.path.join(TMP, "no-such-libnvidia-ml.so.1")}
+    rc, out, err = finish(start(config, "--sleep", "0.3", "--fail-rank", "0", "--fail-after", "0.1",
+                                "--fail-attempt", "0", extra_env=env))
+    check(rc == 0, f"exit {rc}\n{err}")
+    said = [l for l in err.splitlines() if "GPU memory is not watched" in l]
+    check(len(said) == 1, f"expected the log to say it once over 2 attempts:\n{err}")
+    check("no-such-libnvidia-ml.so.1" in said[0], said[0])
+    print("ok:", said[0])
+
+
+def has_rdma_devices():
+    try:
+        return bool(os.listdir("/sys/class/infiniband"))
+    except OSError:
+        return False
+
+
+def case_preflight_stage():
+    config = write_config(rdma='preflight = "quick"')
+    rc, out, err = finish(start(config, "--sleep", "0.3"))
+    check(rc == 0, f"exit {rc}\n{err}")
+    lines = [l for l in err.splitlines() if "rdma preflight" in l]
+    check(len(lines) == 1, f"one preflight line expected:\n{err}")
+    if has_rdma_devices():
+        check(lines[0].endswith(" ok"), lines[0])
+    else:
+        check("no RDMA NICs here, nothing to check" in lines[0], lines[0])
+    rep = report()
+    check(rep["preflight"] and rep["preflight"] in lines[0], rep["preflight"])
+    check(rep["status"] == "succeeded", rep["status"])
+    print("ok:", lines[0])
+
+
+def case_preflight_missing_nic():
+    config = write_config(ranks=2, rdma='preflight = "quick"\nnics = "mlx5_nosuch"')
+    job_dir = os.path.join(TMP, "job")
+    env = dict(os.environ, **{MARKER: marker_value})
+    proc = subprocess.run([TOPOLAUNCH, "run", config, "--job-dir", job_dir, "--", WORKER,
+                           "--sleep", "30"], env=env, capture_output=True, text=True, timeout=60)
+    check(proc.returncode == 2, f"exit {proc.returncode}: {proc.stderr}")
+    lines = proc.stderr.strip().splitlines()
+    check(len(lines) == 1 and "mlx5_nosuch" in lines[0] and "rdma preflight" in lines[0],
+          f"one line naming the NIC expected: {proc.stderr!r}")
+    check(not os.path.exists(os.path.join(job_dir, "attempt-0")), "a worker attempt was started")
+    rep = report()
+    check(rep["status"] == "failed" and rep["exit_code"] == 2, rep)
+    check(rep["root_cause"]["phase"] == "preflight" and "mlx5_nosuch" in rep["root_cause"]["what"],
+          rep["root_cause"])
+    check(not job_processes(), "something was left running")
+    print("ok:", lines[0])
+
+
+def case_wireup_backend_standalone():
+    # One node: no agent exchange ("none" in the report); an explicit PMI2 that is not there is
+    # an error naming wireup.backend.
+    config = write_config()
+    rc, out, err = finish(start(config, "--sleep", "0.2"))
+    check(rc == 0, f"exit {rc}\n{err}")
+    check(report()["wireup"] == {"agents": "none", "workers": "tcp"}, report()["wireup"])
+    base = '[mapping]\noversubscribe = true\n[job]\nranks_per_node = 2\n[rdma]\npreflight = "off"\n'
+    expect_bad_input(base + '[wireup]\nbackend = "pmi2"\n', "wireup.backend")
+    expect_bad_input(base + '[wireup]\nbackend = "pmix"\n', "wireup.backend")
+
+
 def expect_bad_input(config_text, needle, worker=None, job_dir=None):
     path = os.path.join(TMP, f"bad-{uuid.uuid4().hex[:6]}.toml")
     with open(path, "w") as f:
@@ -267,7 +404,9 @@ def case_bad_input():
     taken.bind(("127.0.0.1", 0))
     taken.listen()
     port = taken.getsockname()[1]
-    expect_bad_input(base + f"[wireup]\nport = {port}\n", str(port))
+    # preflight off: the [rdma] preflight stage (default "quick") runs before the store starts
+    # and prints its own line.
+    expect_bad_input(base + f'[wireup]\nport = {port}\n[rdma]\npreflight = "off"\n', str(port))
     taken.close()
 
 

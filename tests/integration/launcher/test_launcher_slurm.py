@@ -5,7 +5,9 @@ usage: test_launcher_slurm.py TOPOLAUNCH TEST_WORKER SOURCE_ROOT CASE
 Starts a private cluster (tests/slurm/cluster-start), runs the case, stops the cluster.
 Cases: env_4x2 (4 nodes x 2 ranks: env per rank, store exchange, report), kill9 (kill -9 one
 worker: every worker gone within 5 s, root cause named), usr1 (scancel --signal=USR1 JOBID, i.e. the job step:
-workers checkpoint, exit status 3 for requeue).
+workers checkpoint, exit status 3 for requeue), wireup_pmi2 / wireup_pmix / wireup_tcp ([wireup] backend: the
+agents exchange through srun --mpi=pmi2 / pmix / the TCP store; env per rank as env_4x2, the report and every
+agent's log line name the backend, workers see no PMI variables).
 """
 import json
 import os
@@ -49,11 +51,11 @@ def slurm_env():
     return env
 
 
-def sbatch(worker_args, wait=True):
+def sbatch(worker_args, wait=True, extra_config=""):
     config = os.path.join(TMP, "job.toml")
     with open(config, "w") as f:
         f.write('[job]\nname = "sb"\nranks_per_node = 2\nstop_grace = "5s"\n'
-                '[mapping]\noversubscribe = true\n[rdma]\npreflight = "off"\n')
+                '[mapping]\noversubscribe = true\n[rdma]\npreflight = "off"\n' + extra_config)
     script = os.path.join(TMP, "job.sbatch")
     with open(script, "w") as f:
         f.write(f"""#!/bin/bash
@@ -102,21 +104,63 @@ def alive(pid):
         return False
 
 
-def case_env_4x2():
-    sbatch("--exchange --sleep 0.5")
+def check_env_4x2(backend):
     out = output()
     check("topolaunch exit 0" in out, out[-2000:])
     rep = json.load(open(os.path.join(JOB_DIR, "report.json")))
     check(rep["status"] == "succeeded" and len(rep["attempts"][0]["ranks"]) == 8, rep)
+    check(rep["wireup"] == {"agents": backend, "workers": "tcp"}, rep["wireup"])
+    said = [l for l in out.splitlines() if f"agents exchange through {backend} (agent" in l]
+    check(len(said) == 4, f"4 agents should log the {backend} backend:\n{out[-2000:]}")
     nodes = {}
     for r in range(8):
         log = log_of(r)
         for expected in [f"env RANK={r}", f"env LOCAL_RANK={r % 2}", "env WORLD_SIZE=8",
                          "env LOCAL_WORLD_SIZE=2", f"env GROUP_RANK={r // 2}",
-                         "env GROUP_WORLD_SIZE=4", "exchange 8/8"]:
+                         "env GROUP_WORLD_SIZE=4", "env PMI_RANK=<unset>",
+                         "env PMIX_RANK=<unset>", "exchange 8/8"]:
             check(expected in log, f"rank {r}: {expected!r} missing:\n{log}")
         nodes[r] = rep["attempts"][0]["ranks"][r]["node_name"]
     check(sorted(set(nodes.values())) == ["n1", "n2", "n3", "n4"], nodes)
+
+
+def case_env_4x2():
+    # [wireup] backend "auto" (the default): PMIx when srun offers it (this build has PMIx and
+    # PMI2), else PMI2, else the TCP store.
+    offered = srun_mpi_plugins()
+    expected = "pmix" if "pmix" in offered else "pmi2" if "pmi2" in offered else "tcp"
+    sbatch("--exchange --sleep 0.5")
+    check_env_4x2(expected)
+
+
+def srun_mpi_plugins():
+    proc = subprocess.run(["srun", "--mpi=list"], env=slurm_env(), capture_output=True, text=True,
+                          timeout=30)
+    text = proc.stdout + proc.stderr
+    return [l.strip() for l in text.splitlines() if l.strip() and " " not in l.strip()
+            and ":" not in l]
+
+
+def case_wireup(backend):
+    offered = srun_mpi_plugins()
+    check(backend == "tcp" or backend in offered,
+          f"the test cluster's srun offers no {backend} plugin: {offered}")
+    t0 = time.time()
+    sbatch("--exchange --sleep 0.5", extra_config=f'[wireup]\nbackend = "{backend}"\n')
+    check_env_4x2(backend)
+    print(f"{backend}: 4 agents x 2 ranks in {time.time() - t0:.1f}s (srun --mpi=list: {offered})")
+
+
+def case_wireup_pmi2():
+    case_wireup("pmi2")
+
+
+def case_wireup_pmix():
+    case_wireup("pmix")
+
+
+def case_wireup_tcp():
+    case_wireup("tcp")
 
 
 def case_kill9():
@@ -164,7 +208,9 @@ try:
     if proc.returncode != 0:
         print("FAIL: cluster-start:", proc.stderr.strip()[-1000:])
         sys.exit(1)
-    {"env_4x2": case_env_4x2, "kill9": case_kill9, "usr1": case_usr1}[CASE]()
+    {"env_4x2": case_env_4x2, "kill9": case_kill9, "usr1": case_usr1,
+     "wireup_pmi2": case_wireup_pmi2, "wireup_pmix": case_wireup_pmix,
+     "wireup_tcp": case_wireup_tcp}[CASE]()
     print("PASS", CASE)
 finally:
     stop_cluster()

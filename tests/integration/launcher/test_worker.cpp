@@ -5,6 +5,8 @@
 //   --fail-rank R         rank R exits with --exit-code (default 3) after --fail-after seconds
 //   --hang-rank R         rank R stops beating (and keeps sleeping)
 //   --alloc-rank R        rank R allocates and touches --alloc-mib MiB
+//   --child-alloc-mib M   rank --alloc-rank forks a child that leaves the process group and
+//                         allocates M MiB (the agent must count the rank's whole tree)
 //   --fork-child          every rank leaves a sleeping child in its process group
 //   --fail-attempt A      only misbehave in attempt A (TOPOLAUNCH_ATTEMPT; default: every attempt)
 // SIGUSR1: writes <checkpoint dir>/rank-<r>.ckpt, prints "checkpointed", exits 0.
@@ -41,7 +43,7 @@ int main(int argc, char** argv) {
   bool exchange = false, fork_child = false;
   double sleep_s = 0, fail_after_s = 0.5;
   int fail_rank = -1, hang_rank = -1, alloc_rank = -1, exit_code = 3, alloc_mib = 0;
-  int fail_attempt = -1;
+  int fail_attempt = -1, child_alloc_mib = 0;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     auto next = [&] { return i + 1 < argc ? std::string(argv[++i]) : std::string("0"); };
@@ -63,6 +65,8 @@ int main(int argc, char** argv) {
       alloc_rank = std::stoi(next());
     else if (a == "--alloc-mib")
       alloc_mib = std::stoi(next());
+    else if (a == "--child-alloc-mib")
+      child_alloc_mib = std::stoi(next());
     else if (a == "--fail-attempt")
       fail_attempt = std::stoi(next());
     else {
@@ -98,7 +102,9 @@ int main(int argc, char** argv) {
                            "TOPOLAUNCH_ATTEMPT",
                            "TOPOLAUNCH_CPUS",
                            "TOPOLAUNCH_MEMORY_BUDGET_BYTES",
-                           "TEST_WORKER_GREETING"}) {
+                           "TEST_WORKER_GREETING",
+                           "PMI_RANK",
+                           "PMIX_RANK"}) {
     std::printf("env %s=%s\n", name, env_or(name, "<unset>").c_str());
   }
   std::printf("env TOPOLAUNCH_STORE_SECRET=%s\n",
@@ -139,6 +145,17 @@ int main(int argc, char** argv) {
   if (fork_child && ::fork() == 0) {
     // A grandchild that would outlive a careless launcher.
     for (;;) ::pause();
+  }
+  if (misbehave && alloc_rank == rank && child_alloc_mib > 0) {
+    pid_t child = ::fork();
+    if (child == 0) {
+      ::setpgid(0, 0);  // out of the worker's group: only the parent/child links lead here
+      std::vector<char> block(static_cast<std::size_t>(child_alloc_mib) << 20);
+      for (std::size_t i = 0; i < block.size(); i += 4096) block[i] = 1;
+      for (;;) ::pause();
+    }
+    std::printf("child %d allocates %d MiB\n", static_cast<int>(child), child_alloc_mib);
+    std::fflush(stdout);
   }
   if (misbehave && alloc_rank == rank && alloc_mib > 0) {
     std::vector<char> block(static_cast<std::size_t>(alloc_mib) << 20);

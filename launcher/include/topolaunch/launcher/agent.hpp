@@ -9,36 +9,59 @@
 //
 // Supervision, per attempt: workers are process-group leaders with PR_SET_PDEATHSIG; the agent is
 // a child subreaper. A worker that exits non-zero, is killed, stops heart-beating within
-// [job].heartbeat_timeout, or goes over [budget].memory (RSS from /proc) fails the attempt: every
+// [job].heartbeat_timeout, or goes over [budget].memory (its process tree's memory from /proc) or
+// [budget].gpu_memory (NVML, dlopened; see memory_watch.hpp) fails the attempt: every
 // worker group gets SIGTERM, then SIGKILL after min(stop_grace, 2s); then the job restarts up to
 // [job].restarts times (TORCHELASTIC_RESTART_COUNT counts). SIGINT/SIGTERM/SIGHUP are forwarded,
 // with SIGKILL after stop_grace; SIGUSR1 is forwarded and the agent waits up to stop_grace for the
 // workers to exit.
 #pragma once
 
+#include <functional>
 #include <string>
 #include <vector>
 
+#include "topolaunch/launcher/job_config.hpp"
+#include "topolaunch/wireup/kv_store.hpp"
+
 namespace topolaunch::launcher {
+
+// What the [rdma] preflight stage did on this node.
+struct PreflightStageOutcome {
+  bool ok = true;
+  int exit_code = 0;  // when !ok: 2 bad input (a NIC named that does not exist), 1 the fabric
+  std::string line;   // one line: what was checked and how it went, or why nothing was
+  std::string jsonl;  // the stages' JSON lines (empty when nothing ran)
+};
+
+// The [rdma] preflight stage: once per job, after the rank map, before any worker starts. The
+// `topolaunch` program provides it (it links the rdma module; this library, which the SPANK
+// plugin links too, does not). Collective over `store` (the agents' store under Slurm); null
+// `store` = this node alone, and `scratch_dir` (an existing, empty folder) may hold a local one.
+using PreflightStage =
+    std::function<PreflightStageOutcome(const JobConfig& config, const std::string& node,
+                                        wireup::KvStore* store, const std::string& scratch_dir)>;
 
 struct RunOptions {
   std::string config_path;
   std::string topology_path;                  // hwloc XML / NodeTopology JSON instead of live
   std::vector<std::string> command_override;  // replaces [worker].command when not empty
   std::string job_dir_override;
-  bool quiet = false;       // no merged worker output on the terminal (logs still written)
-  bool print_json = false;  // print the JSON report instead of the human summary
-  bool local = false;       // inside a multi-node allocation, still run only on this node
+  bool quiet = false;        // no merged worker output on the terminal (logs still written)
+  bool print_json = false;   // print the JSON report instead of the human summary
+  bool local = false;        // inside a multi-node allocation, still run only on this node
+  PreflightStage preflight;  // empty: no [rdma] preflight stage (the report says so)
 };
 
-// Inside a Slurm allocation of several nodes, `run` hosts two TCP stores (agents', workers') on
-// this node and starts one agent per node with
-//   srun --ntasks-per-node=1 --kill-on-bad-exit=1 topolaunch agent CONFIG --attempt N ...
+// Inside a Slurm allocation of several nodes, `run` hosts the workers' TCP store on this node
+// (and the agents' one when they use TCP, see agent_wireup.hpp) and starts one agent per node with
+//   srun --ntasks-per-node=1 --kill-on-bad-exit=1 --mpi=<pmix|pmi2|none> topolaunch agent ...
 // passing the stores' addresses and the per-job secret in the environment
 // (TOPOLAUNCH_AGENT_STORE, TOPOLAUNCH_WORKER_STORE, TOPOLAUNCH_STORE_SECRET,
-// TOPOLAUNCH_MASTER_PORT). Agents exchange NodeTopology JSON through their store, all compute
-// the same rank map, run one attempt of their node's ranks and write
-// <job_dir>/attempt-N/node-<id>.json; `run` merges those into the report and restarts the step.
+// TOPOLAUNCH_MASTER_PORT). Agents exchange NodeTopology JSON through the [wireup].backend store,
+// all compute the same rank map, run the [rdma] preflight (attempt 0), run one attempt of their
+// node's ranks and write <job_dir>/attempt-N/node-<id>.json; `run` merges those into the report
+// and restarts the step.
 struct AgentOptions {
   RunOptions run;  // config, topology (may contain %n for the Slurm node name), job dir, command
   std::string run_id;

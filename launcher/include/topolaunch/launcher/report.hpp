@@ -16,9 +16,10 @@ struct RankOutcome {
   int node = -1;
   std::string node_name;
   int pid = -1;
-  int exit_code = -1;  // when it exited; -1 when killed by a signal or never started
-  int signal = 0;      // the signal that killed it, 0 = none
-  std::uint64_t peak_rss_bytes = 0;
+  int exit_code = -1;                // when it exited; -1 when killed by a signal or never started
+  int signal = 0;                    // the signal that killed it, 0 = none
+  std::uint64_t peak_rss_bytes = 0;  // the rank's process tree (see memory_watch.hpp)
+  std::uint64_t peak_gpu_bytes = 0;  // NVML, the pids of that tree; 0 when not watched
   double wall_s = 0;
   std::string heartbeat;  // the last counter the worker wrote, "" = never beat
   std::string cause;      // why it ended when the agent ended it: "stopped", "hung", "memory"...
@@ -35,9 +36,10 @@ struct AttemptReport {
 
 struct RootCause {
   int attempt = -1;
-  int rank = -1;
+  int rank = -1;  // -1 when no rank was running yet (preflight, wireup)
   std::string node;
-  std::string what;  // one line: "exited with status 3", "killed by SIGKILL", ...
+  std::string what;   // one line: "exited with status 3", "killed by SIGKILL", ...
+  std::string phase;  // "" = while workers ran; "preflight" = [rdma] preflight stopped the job
 };
 
 struct JobReport {
@@ -51,6 +53,10 @@ struct JobReport {
   int max_restarts = 0;
   std::vector<AttemptReport> attempts;
   std::optional<RootCause> root_cause;  // the first failure of the job
+  // How the agents exchanged their topologies: "pmix", "pmi2", "tcp", or "none" (one agent,
+  // in-process). Workers always get the TCP store.
+  std::string agent_wireup;
+  std::string preflight;  // what the [rdma] preflight stage did, one line ("" = not reached)
 };
 
 std::string to_json(const JobReport& report);
