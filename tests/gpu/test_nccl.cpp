@@ -420,10 +420,10 @@ int main(int argc, char** argv) {
     return 2;
   }
   std::vector<Scenario> all = {
-      {"sum", 2, {0, 1}, {0, 1}, {}, {}, 240},
-      {"absent-peer", 2, {0}, {0}, {}, {{"TEST_NCCL_TIMEOUT_MS", "3000"}}, 60},
-      {"stalled-init", 2, {0, 1}, {0}, {1}, {{"TEST_NCCL_TIMEOUT_MS", "5000"}}, 60},
-      {"stalled-collective", 2, {0, 1}, {0}, {1}, {{"TEST_NCCL_TIMEOUT_MS", "3000"}}, 90},
+      {"sum", 2, {0, 1}, {0, 1}, {}, {}, 120},
+      {"absent-peer", 2, {0}, {0}, {}, {{"TEST_NCCL_TIMEOUT_MS", "3000"}}, 30},
+      {"stalled-init", 2, {0, 1}, {0}, {1}, {{"TEST_NCCL_TIMEOUT_MS", "5000"}}, 40},
+      {"stalled-collective", 2, {0, 1}, {0}, {1}, {{"TEST_NCCL_TIMEOUT_MS", "3000"}}, 60},
   };
   std::vector<std::string> wanted(argv + 1, argv + argc);
   const char* log_env = std::getenv("TEST_NCCL_LOG_DIR");

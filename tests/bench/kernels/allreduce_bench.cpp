@@ -168,12 +168,12 @@ int main(int argc, char** argv) {
         t::self_path(), {"--worker", "--out", json_path, "--max-mib", std::to_string(max_mib)}, r,
         world, store->address(), secret, "allreduce-bench-" + std::to_string(::getpid()), {},
         tmp + ".rank" + std::to_string(r) + ".log"));
-  t::wait_ranks(ranks, std::chrono::steady_clock::now() + std::chrono::seconds(300));
+  t::wait_ranks(ranks, std::chrono::steady_clock::now() + std::chrono::seconds(100));
   int failed = 0;
   for (const auto& p : ranks) {
     std::fprintf(stderr, "%s", t::read_file(p.log_path).c_str());
     if (p.timed_out || p.signal != 0 || p.exit_code != 0) {
-      std::fprintf(stderr, "rank %d: %s\n", p.rank, p.timed_out ? "killed after 300 s" : "failed");
+      std::fprintf(stderr, "rank %d: %s\n", p.rank, p.timed_out ? "killed after 100 s" : "failed");
       ++failed;
     }
   }

@@ -297,13 +297,13 @@ int main(int argc, char** argv) {
     ranks.push_back(t::spawn_rank(t::self_path(), args, r, world, store->address(), secret,
                                   "ddp-gpt2-" + std::to_string(::getpid()), {},
                                   tmp + ".rank" + std::to_string(r) + ".log"));
-  t::wait_ranks(ranks, Clock::now() + std::chrono::seconds(240));
+  t::wait_ranks(ranks, Clock::now() + std::chrono::seconds(130));
   int failed = 0;
   for (const auto& p : ranks) {
     std::fprintf(stderr, "%s", t::read_file(p.log_path).c_str());
     if (p.timed_out || p.signal != 0 || p.exit_code != 0) {
       std::fprintf(stderr, "rank %d: %s (exit %d, signal %d)\n", p.rank,
-                   p.timed_out ? "killed after 240 s" : "failed", p.exit_code, p.signal);
+                   p.timed_out ? "killed after 130 s" : "failed", p.exit_code, p.signal);
       ++failed;
     }
   }
