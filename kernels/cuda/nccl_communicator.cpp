@@ -34,9 +34,15 @@ std::string nccl_reason(ncclResult_t rc, ncclComm_t comm) {
 ncclResult_t wait_in_progress(ncclComm_t comm, Clock::time_point deadline) {
   ncclResult_t state = ncclInProgress;
   auto pause = std::chrono::microseconds(20);
-  for (;;) {
+  for (int polls = 0;; ++polls) {
     if (ncclCommGetAsyncError(comm, &state) != ncclSuccess) return ncclInternalError;
     if (state != ncclInProgress || Clock::now() >= deadline) return state;
+    // A collective handed to NCCL's thread (first use of a channel) is usually done within
+    // microseconds: yield first, sleep (up to 2 ms) only for what takes longer (init).
+    if (polls < 1000) {
+      std::this_thread::yield();
+      continue;
+    }
     std::this_thread::sleep_for(pause);
     pause = std::min<std::chrono::microseconds>(pause * 2, std::chrono::milliseconds(2));
   }
