@@ -48,9 +48,14 @@ FLAGS=(-std=c++20 -O2 -pthread -Iwireup/include -Iwireup/src -Itopology/include 
 # background, linked once the objects below exist.
 RUN_DDP=${RUN_DDP:-1}
 [ -f kernels/cuda/cuda_backend.cu ] || RUN_DDP=0
+# EXEC_SRC: where the executor's sources come from (default: this tree). A snapshot of the last
+# commit (git archive HEAD kernels topology/include wireup/include tests | tar -x -C DIR) keeps
+# the run away from files another engineer is editing at that moment.
+EXEC_SRC=${EXEC_SRC:-.}
 NVCC=${NVCC:-$CUDA/bin/nvcc}
-NVFLAGS=(-std=c++20 -O2 -gencode=arch=compute_90,code=sm_90 --extended-lambda -Ikernels/include
-         -Itopology/include -Ikernels/cpu -Ikernels/cuda -Iwireup/include -Itests/gpu)
+NVFLAGS=(-std=c++20 -O2 -gencode=arch=compute_90,code=sm_90 --extended-lambda
+         -I"$EXEC_SRC/kernels/include" -I"$EXEC_SRC/topology/include" -I"$EXEC_SRC/kernels/cpu"
+         -I"$EXEC_SRC/kernels/cuda" -I"$EXEC_SRC/wireup/include" -I"$EXEC_SRC/tests/gpu")
 if [ "$RUN_DDP" = 1 ]; then
   (
     t0=$SECONDS
@@ -59,13 +64,14 @@ if [ "$RUN_DDP" = 1 ]; then
     for src in kernels/cuda/attention.cu kernels/cuda/cuda_backend.cu kernels/cuda/kernels.cu \
                kernels/cuda/matmul.cu tests/bench/kernels/ddp_gpt2_bench.cu; do
       throttle
-      "$NVCC" "${NVFLAGS[@]}" -c "$src" -o "$BUILD/obj/ddp_$(basename "$src").o" \
+      "$NVCC" "${NVFLAGS[@]}" -c "$EXEC_SRC/$src" -o "$BUILD/obj/ddp_$(basename "$src").o" \
         || touch "$BUILD/obj/DDP_FAILED" &
     done
-    for src in kernels/src/graph.cpp kernels/src/plan.cpp kernels/cpu/cpu_backend.cpp; do
+    for src in kernels/src/graph.cpp kernels/src/plan.cpp kernels/cpu/cpu_backend.cpp \
+               kernels/cuda/nccl_communicator.cpp kernels/cuda/nccl_communicator_env.cpp; do
       throttle
-      $CXX -std=c++20 -O3 -fopenmp -Ikernels/include -Itopology/include -Ikernels/cpu \
-        -c "$src" -o "$BUILD/obj/ddp_$(basename "$src").o" || touch "$BUILD/obj/DDP_FAILED" &
+      $CXX -std=c++20 -O3 -fopenmp -pthread "${NVFLAGS[@]:4}" -I"$CUDA/include" \
+        -c "$EXEC_SRC/$src" -o "$BUILD/obj/ddp_$(basename "$src").o" || touch "$BUILD/obj/DDP_FAILED" &
     done
     wait
     rc=0; [ ! -e "$BUILD/obj/DDP_FAILED" ] || rc=1
@@ -129,7 +135,8 @@ if [ "$RUN_DDP" = 1 ]; then
   cat "$BUILD/logs/ddp_build.log" >> "$OUT/errors.log"
   tail -3 "$BUILD/logs/ddp_build.log"
   if [ $build_rc -eq 0 ] && $CXX -fopenmp -o "$BUILD/ddp_gpt2_bench" "$BUILD"/obj/ddp_*.o \
-       "${LIBS[@]}" -lcublasLt >> "$OUT/errors.log" 2>&1; then
+       "$BUILD"/obj/wireup_*.o -L"$CUDA/lib64" -lnccl -lcudart -lcublasLt "$CRYPTO" "${RPATH[@]}" \
+       -pthread >> "$OUT/errors.log" 2>&1; then
     timeout 150 "$BUILD/ddp_gpt2_bench" --batch "${DDP_BATCH:-64}" --out "$OUT/ddp_ours.json" \
       2>&1 | tee -a "$OUT/errors.log" | grep -E "^rank|FATAL|failed"
     ddp_rc=${PIPESTATUS[0]}
