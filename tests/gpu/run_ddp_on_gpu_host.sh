@@ -11,6 +11,10 @@
 # build-nccl/openssl/include (OpenSSL 3.0 headers from the Debian build host); libcrypto.so.3 from
 # the host, else build-nccl/openssl/lib. Writes logs and JSON to $OUT (default build-gpu-nccl/out),
 # at most 8 files (the device tool's limit).
+#
+# SRC: where every source comes from (default: this tree). On a shared checkout, a snapshot of the
+# last commit keeps the run away from files another engineer is editing at that moment:
+#   git archive HEAD kernels topology/include wireup tests/gpu tests/bench/kernels | tar -x -C DIR
 set -uo pipefail
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 OUT=${OUT:-build-gpu-nccl/out}
@@ -18,6 +22,7 @@ BUILD=build-gpu-nccl
 mkdir -p "$BUILD/obj" "$BUILD/logs" "$OUT"
 CXX=${CXX:-g++}
 CUDA=${CUDA:-/usr/local/cuda}
+SRC=${SRC:-.}
 
 {
   nvidia-smi --query-gpu=index,name,driver_version,clocks.sm,clocks.max.sm,memory.used --format=csv
@@ -41,21 +46,16 @@ if [ ! -e "$CRYPTO" ]; then
   RPATH=(-Wl,-rpath,"$PWD/build-nccl/openssl/lib")
 fi
 
-FLAGS=(-std=c++20 -O2 -pthread -Iwireup/include -Iwireup/src -Itopology/include -Ikernels/include
-       -Ikernels/cpu -Ikernels/cuda -Itests/gpu -I"$CUDA/include" "${SSL_INC[@]}")
+INC=(-I"$SRC/kernels/include" -I"$SRC/topology/include" -I"$SRC/kernels/cpu" -I"$SRC/kernels/cuda"
+     -I"$SRC/wireup/include" -I"$SRC/tests/gpu")
+FLAGS=(-std=c++20 -O2 -pthread "${INC[@]}" -I"$SRC/wireup/src" -I"$CUDA/include" "${SSL_INC[@]}")
 
 # The data-parallel benchmark needs the executor (nvcc, minutes of compile): started now, in the
 # background, linked once the objects below exist.
 RUN_DDP=${RUN_DDP:-1}
-[ -f kernels/cuda/cuda_backend.cu ] || RUN_DDP=0
-# EXEC_SRC: where the executor's sources come from (default: this tree). A snapshot of the last
-# commit (git archive HEAD kernels topology/include wireup/include tests | tar -x -C DIR) keeps
-# the run away from files another engineer is editing at that moment.
-EXEC_SRC=${EXEC_SRC:-.}
+[ -f "$SRC/kernels/cuda/cuda_backend.cu" ] || RUN_DDP=0
 NVCC=${NVCC:-$CUDA/bin/nvcc}
-NVFLAGS=(-std=c++20 -O2 -gencode=arch=compute_90,code=sm_90 --extended-lambda
-         -I"$EXEC_SRC/kernels/include" -I"$EXEC_SRC/topology/include" -I"$EXEC_SRC/kernels/cpu"
-         -I"$EXEC_SRC/kernels/cuda" -I"$EXEC_SRC/wireup/include" -I"$EXEC_SRC/tests/gpu")
+NVFLAGS=(-std=c++20 -O2 -gencode=arch=compute_90,code=sm_90 --extended-lambda "${INC[@]}")
 if [ "$RUN_DDP" = 1 ]; then
   (
     t0=$SECONDS
@@ -64,14 +64,13 @@ if [ "$RUN_DDP" = 1 ]; then
     for src in kernels/cuda/attention.cu kernels/cuda/cuda_backend.cu kernels/cuda/kernels.cu \
                kernels/cuda/matmul.cu tests/bench/kernels/ddp_gpt2_bench.cu; do
       throttle
-      "$NVCC" "${NVFLAGS[@]}" -c "$EXEC_SRC/$src" -o "$BUILD/obj/ddp_$(basename "$src").o" \
+      "$NVCC" "${NVFLAGS[@]}" -c "$SRC/$src" -o "$BUILD/obj/ddp_$(basename "$src").o" \
         || touch "$BUILD/obj/DDP_FAILED" &
     done
-    for src in kernels/src/graph.cpp kernels/src/plan.cpp kernels/cpu/cpu_backend.cpp \
-               kernels/cuda/nccl_communicator.cpp kernels/cuda/nccl_communicator_env.cpp; do
+    for src in kernels/src/graph.cpp kernels/src/plan.cpp kernels/cpu/cpu_backend.cpp; do
       throttle
-      $CXX -std=c++20 -O3 -fopenmp -pthread "${NVFLAGS[@]:4}" -I"$CUDA/include" \
-        -c "$EXEC_SRC/$src" -o "$BUILD/obj/ddp_$(basename "$src").o" || touch "$BUILD/obj/DDP_FAILED" &
+      $CXX -std=c++20 -O3 -fopenmp "${INC[@]}" -c "$SRC/$src" -o "$BUILD/obj/ddp_$(basename "$src").o" \
+        || touch "$BUILD/obj/DDP_FAILED" &
     done
     wait
     rc=0; [ ! -e "$BUILD/obj/DDP_FAILED" ] || rc=1
@@ -87,12 +86,12 @@ compile() {  # compile SRC OBJ, at most JOBS at a time
 }
 rm -f "$BUILD/obj/FAILED"
 for f in auth backend frame net pmi2_codec pmi2_store pmix_store tcp_client tcp_server; do
-  compile "wireup/src/$f.cpp" "$BUILD/obj/wireup_$f.o"
+  compile "$SRC/wireup/src/$f.cpp" "$BUILD/obj/wireup_$f.o"
 done
-compile kernels/cuda/nccl_communicator.cpp "$BUILD/obj/nccl.o"
-compile kernels/cuda/nccl_communicator_env.cpp "$BUILD/obj/nccl_env.o"
-compile tests/gpu/test_nccl.cpp "$BUILD/obj/test_nccl.o"
-compile tests/bench/kernels/allreduce_bench.cpp "$BUILD/obj/bench.o"
+compile "$SRC/kernels/cuda/nccl_communicator.cpp" "$BUILD/obj/nccl.o"
+compile "$SRC/kernels/cuda/nccl_communicator_env.cpp" "$BUILD/obj/nccl_env.o"
+compile "$SRC/tests/gpu/test_nccl.cpp" "$BUILD/obj/test_nccl.o"
+compile "$SRC/tests/bench/kernels/allreduce_bench.cpp" "$BUILD/obj/bench.o"
 for p in $(jobs -p); do [ "$p" = "${ddp_build_pid:-}" ] || wait "$p"; done
 [ ! -e "$BUILD/obj/FAILED" ] || { echo "compile failed"; exit 3; }
 LIBS=("$BUILD"/obj/wireup_*.o "$BUILD/obj/nccl.o" "$BUILD/obj/nccl_env.o" -L"$CUDA/lib64"
@@ -111,7 +110,7 @@ bench_rc=$?
 tail -12 "$BUILD/logs/bench.err"
 if [ $bench_rc -eq 0 ]; then
   echo "=== allreduce_torch (torch.distributed, NCCL)"
-  PYTHONUNBUFFERED=1 timeout 120 python3 tests/bench/kernels/allreduce_torch.py "$OUT/allreduce_ours.json" \
+  PYTHONUNBUFFERED=1 timeout 120 python3 "$SRC/tests/bench/kernels/allreduce_torch.py" "$OUT/allreduce_ours.json" \
     > "$OUT/allreduce_bench.json" 2> "$BUILD/logs/allreduce_torch.err"
   torch_rc=$?
   python3 - "$OUT/allreduce_bench.json" <<'EOF' || tail -20 "$BUILD/logs/allreduce_torch.err"
@@ -135,8 +134,7 @@ if [ "$RUN_DDP" = 1 ]; then
   cat "$BUILD/logs/ddp_build.log" >> "$OUT/errors.log"
   tail -3 "$BUILD/logs/ddp_build.log"
   if [ $build_rc -eq 0 ] && $CXX -fopenmp -o "$BUILD/ddp_gpt2_bench" "$BUILD"/obj/ddp_*.o \
-       "$BUILD"/obj/wireup_*.o -L"$CUDA/lib64" -lnccl -lcudart -lcublasLt "$CRYPTO" "${RPATH[@]}" \
-       -pthread >> "$OUT/errors.log" 2>&1; then
+       "${LIBS[@]}" -lcublasLt >> "$OUT/errors.log" 2>&1; then
     timeout 150 "$BUILD/ddp_gpt2_bench" --batch "${DDP_BATCH:-64}" --out "$OUT/ddp_ours.json" \
       2>&1 | tee -a "$OUT/errors.log" | grep -E "^rank|FATAL|failed"
     ddp_rc=${PIPESTATUS[0]}
@@ -147,7 +145,7 @@ if [ "$RUN_DDP" = 1 ]; then
   if [ $SECONDS -lt "${TORCH_DDP_START_BY_S:-230}" ]; then
     echo "=== ddp_gpt2_torch.py (PyTorch DDP + torch.compile) (at ${SECONDS} s)"
     ours=$OUT/ddp_ours.json; [ -s "$ours" ] || ours=none
-    DDP_TORCH_RAW=$OUT/ddp_torch_raw.json PYTHONUNBUFFERED=1 timeout "${TORCH_DDP_TIMEOUT_S:-200}" python3 tests/bench/kernels/ddp_gpt2_torch.py \
+    DDP_TORCH_RAW=$OUT/ddp_torch_raw.json PYTHONUNBUFFERED=1 timeout "${TORCH_DDP_TIMEOUT_S:-200}" python3 "$SRC/tests/bench/kernels/ddp_gpt2_torch.py" \
       "$ours" "${DDP_BATCH:-64}" 1024 20 > "$OUT/ddp_gpt2.json" 2>> "$OUT/errors.log"
     echo "ddp_gpt2_torch exit status: $?"; cat "$OUT/ddp_gpt2.json"
   else
