@@ -4,6 +4,7 @@
 #include <cuda_bf16.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstring>
 
@@ -419,6 +420,14 @@ Status CudaExecutor::run_optimizer(const AdamWSettings& settings, std::int64_t s
 }
 
 Status CudaExecutor::run_range(std::size_t begin, std::size_t end, bool communicate) {
+  const auto t0 = std::chrono::steady_clock::now();
+  Status s = launch_range(begin, end, communicate);
+  last_launch_host_ms_ =
+      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  return s;
+}
+
+Status CudaExecutor::launch_range(std::size_t begin, std::size_t end, bool communicate) {
   const bool comm_active = communicate && comm_ != nullptr && comm_->world_size() > 1;
   if (options_.mode == ExecutionMode::op_by_op) return enqueue_range(begin, end, comm_active);
   const RangeKey key{begin, end, comm_active};

@@ -116,12 +116,16 @@ class CudaExecutor {
   // Kernel/memset/event nodes of the captured whole-step graph (0 before the first capture).
   std::size_t graph_nodes() const { return graph_nodes_; }
   std::size_t graphs_captured() const { return graphs_.size(); }
+  // Host time of the last launch (graph launch, or every kernel launch op by op; capture included
+  // the first time), not counting the staging copies before it.
+  double last_launch_host_ms() const { return last_launch_host_ms_; }
 
  private:
   CudaExecutor(const Plan& plan, const CudaExecutorOptions& options, GpuCommunicator* comm);
   Status init();
   Status upload_pending();
   Status run_range(std::size_t begin, std::size_t end, bool communicate);
+  Status launch_range(std::size_t begin, std::size_t end, bool communicate);
   Status enqueue_range(std::size_t begin, std::size_t end, bool communicate);
   Status enqueue_op(std::size_t index, bool communicate, bool fuse, bool& joined);
   Status join_communication();
@@ -159,6 +163,7 @@ class CudaExecutor {
   std::map<RangeKey, cudaGraphExec_t> graphs_;
   std::map<RangeKey, int> eager_runs_;
   std::size_t graph_nodes_ = 0;
+  double last_launch_host_ms_ = 0;
 };
 
 }  // namespace topolaunch::kernels::cuda

@@ -23,6 +23,7 @@ nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,memory.total 
 
 build() {
   local t0=$SECONDS pids=() objs=()
+  rm -f "$BUILD"/*.o
   for src in kernels/src/graph.cpp kernels/src/plan.cpp kernels/cpu/cpu_backend.cpp; do
     local o="$BUILD/$(basename "$src").o"
     objs+=("$o")
@@ -33,8 +34,29 @@ build() {
              tests/bench/kernels/gpt2_bench.cu; do
     "$NVCC" "${NVFLAGS[@]}" -c "$src" -o "$BUILD/$(basename "$src").o" & pids+=($!)
   done
+  # the committed kernels too (test mode: a second test binary, to tell our failures from theirs)
+  mkdir -p "$BUILD/committed"
+  if [ "$MODE" = test ]; then
+    for f in kernels matmul attention; do
+      [ -f ".carry-cudaexec/committed/$f.cu" ] &&
+        { "$NVCC" "${NVFLAGS[@]}" -c ".carry-cudaexec/committed/$f.cu" -o "$BUILD/committed/$f.cu.o" & }
+    done
+  fi
   local rc=0
   for p in "${pids[@]}"; do wait "$p" || rc=1; done
+  wait
+  # kernels.cu, matmul.cu and attention.cu are other engineers' work in progress: when the working
+  # copy does not build, fall back to the committed version carried in .carry-cudaexec/committed/.
+  for f in kernels matmul attention; do
+    if [ ! -f "$BUILD/$f.cu.o" ] && [ -f ".carry-cudaexec/committed/$f.cu" ]; then
+      echo "$f.cu did not build; using the committed version (.carry-cudaexec/committed/$f.cu)"
+      "$NVCC" "${NVFLAGS[@]}" -c ".carry-cudaexec/committed/$f.cu" -o "$BUILD/$f.cu.o"
+    fi
+  done
+  rc=0
+  for o in "${objs[@]}" "$BUILD"/{kernels,matmul,attention,cuda_backend,test_cuda_backend,gpt2_bench}.cu.o; do
+    [ -f "$o" ] || { echo "missing $o"; rc=1; }
+  done
   [ $rc -eq 0 ] || { echo "compile failed"; return 3; }
   local lib=("${objs[@]}" "$BUILD/kernels.cu.o" "$BUILD/matmul.cu.o" "$BUILD/attention.cu.o"
              "$BUILD/cuda_backend.cu.o")
@@ -42,6 +64,12 @@ build() {
     -lcublasLt -lgomp -o "$BUILD/test_cuda_backend" || return 3
   "$NVCC" "${NVFLAGS[@]}" -Xcompiler=-fopenmp "$BUILD/gpt2_bench.cu.o" "${lib[@]}" \
     -lcublasLt -lgomp -o "$BUILD/gpt2_bench" || return 3
+  if [ "$MODE" = test ] && [ -f "$BUILD/committed/kernels.cu.o" ] && [ -f "$BUILD/committed/matmul.cu.o" ] &&
+     [ -f "$BUILD/committed/attention.cu.o" ]; then
+    "$NVCC" "${NVFLAGS[@]}" -Xcompiler=-fopenmp "$BUILD/test_cuda_backend.cu.o" "${objs[@]}" \
+      "$BUILD"/committed/{kernels,matmul,attention}.cu.o "$BUILD/cuda_backend.cu.o" \
+      -lcublasLt -lgomp -o "$BUILD/test_cuda_backend_committed"
+  fi
   echo "built in $((SECONDS - t0)) s"
 }
 
@@ -66,8 +94,20 @@ build_worker() {
     $zlib -o "$BUILD/topolaunch-worker"
 }
 
-build 2>&1 | tee "$OUT/build.log"
-[ "${PIPESTATUS[0]}" -eq 0 ] || exit 3
+# Rebuild only when a source changed since the last build on this machine (a warm machine keeps
+# build-gpu-exec/ between calls).
+SOURCES=(kernels/src/*.cpp kernels/include/topolaunch/kernels/*.hpp kernels/cpu/* kernels/cuda/*
+         tests/gpu/test_cuda_backend.cu tests/bench/kernels/gpt2_bench.cu)
+STAMP=$(cat "${SOURCES[@]}" | md5sum | cut -d' ' -f1)
+if [ -x "$BUILD/gpt2_bench" ] && [ -x "$BUILD/test_cuda_backend" ] && \
+   [ "$(cat "$BUILD/stamp" 2>/dev/null)" = "$STAMP" ]; then
+  echo "build-gpu-exec is up to date ($STAMP)" | tee "$OUT/build.log"
+else
+  rm -f "$BUILD/stamp"
+  build 2>&1 | tee "$OUT/build.log"
+  [ "${PIPESTATUS[0]}" -eq 0 ] || exit 3
+  echo "$STAMP" > "$BUILD/stamp"
+fi
 
 if [ "$MODE" = test ]; then
   build_worker > "$OUT/worker_build.log" 2>&1 &
@@ -76,6 +116,12 @@ if [ "$MODE" = test ]; then
   "$BUILD/test_cuda_backend" "$OUT" 2>&1 | tee "$OUT/test_cuda_backend.log"
   test_rc=${PIPESTATUS[0]}
   echo "test_cuda_backend exit status: $test_rc"
+  if [ "$test_rc" -ne 0 ] && [ -x "$BUILD/test_cuda_backend_committed" ]; then
+    echo "=== test_cuda_backend with the COMMITTED kernels.cu/matmul.cu/attention.cu"
+    mkdir -p "$OUT/committed"
+    "$BUILD/test_cuda_backend_committed" "$OUT/committed" 2>&1 | tee "$OUT/test_cuda_backend_committed.log"
+    echo "test_cuda_backend (committed kernels) exit status: ${PIPESTATUS[0]}"
+  fi
   echo "=== gpt2_torch_reference"
   if [ -f "$OUT/gpt2_small.json" ]; then
     PYTHONUNBUFFERED=1 timeout 120 python3 tests/bench/kernels/gpt2_torch_reference.py "$OUT" \
@@ -122,6 +168,6 @@ echo "=== gpt2_bench (ours)"
 tail -5 "$OUT/gpt2_bench.err"
 echo "=== gpt2_torch.py (eager, compile)"
 PYTHONUNBUFFERED=1 python3 tests/bench/kernels/gpt2_torch.py "$OUT/gpt2_ours.jsonl" \
-  ${TORCH_BATCHES:-16 64 8} 2>"$OUT/gpt2_torch.err" | tee "$OUT/gpt2_torch.jsonl"
+  ${TORCH_BATCHES:-16 64} 2>"$OUT/gpt2_torch.err" | tee "$OUT/gpt2_torch.jsonl"
 tail -5 "$OUT/gpt2_torch.err"
 cat "$OUT/gpt2_ours.jsonl" "$OUT/gpt2_torch.jsonl" > "$OUT/gpt2_bench.jsonl"
