@@ -7,7 +7,9 @@ Cases: env_4x2 (4 nodes x 2 ranks: env per rank, store exchange, report), kill9 
 worker: every worker gone within 5 s, root cause named), usr1 (scancel --signal=USR1 JOBID, i.e. the job step:
 workers checkpoint, exit status 3 for requeue), wireup_pmi2 / wireup_pmix / wireup_tcp ([wireup] backend: the
 agents exchange through srun --mpi=pmi2 / pmix / the TCP store; env per rank as env_4x2, the report and every
-agent's log line name the backend, workers see no PMI variables).
+agent's log line name the backend, workers see no PMI variables), preflight_quick ([rdma]
+preflight on nodes without RDMA NICs: one line per agent, the job runs), preflight_missing_nic (a
+NIC named that does not exist: exit 2 before any worker, root cause named, no restart).
 """
 import json
 import os
@@ -51,11 +53,11 @@ def slurm_env():
     return env
 
 
-def sbatch(worker_args, wait=True, extra_config=""):
+def sbatch(worker_args, wait=True, extra_config="", rdma='preflight = "off"', job_extra=""):
     config = os.path.join(TMP, "job.toml")
     with open(config, "w") as f:
-        f.write('[job]\nname = "sb"\nranks_per_node = 2\nstop_grace = "5s"\n'
-                '[mapping]\noversubscribe = true\n[rdma]\npreflight = "off"\n' + extra_config)
+        f.write(f'[job]\nname = "sb"\nranks_per_node = 2\nstop_grace = "5s"\n{job_extra}\n'
+                f'[mapping]\noversubscribe = true\n[rdma]\n{rdma}\n' + extra_config)
     script = os.path.join(TMP, "job.sbatch")
     with open(script, "w") as f:
         f.write(f"""#!/bin/bash
@@ -163,6 +165,34 @@ def case_wireup_tcp():
     case_wireup("tcp")
 
 
+def case_preflight_quick():
+    # The test cluster's nodes have no RDMA NICs (this host has none): every agent says so in one
+    # line and the job runs.
+    sbatch("--sleep 0.2", rdma='preflight = "quick"')
+    out = output()
+    check("topolaunch exit 0" in out, out[-2000:])
+    said = [l for l in out.splitlines() if "rdma preflight (quick)" in l]
+    check(len(said) == 4 and all("no RDMA NICs here, nothing to check" in l for l in said),
+          f"one line per agent expected:\n{out[-2000:]}")
+    rep = json.load(open(os.path.join(JOB_DIR, "report.json")))
+    check("nothing to check" in rep["preflight"], rep["preflight"])
+
+
+def case_preflight_missing_nic():
+    # A NIC named in the config that no node has: the agents stop before any worker starts,
+    # exit 2, the report names the preflight as root cause; no restart.
+    sbatch("--sleep 30", rdma='preflight = "quick"\nnics = "mlx5_nosuch"', job_extra="restarts = 2")
+    out = output()
+    check("topolaunch exit 2" in out, out[-2000:])
+    check(not os.path.exists(os.path.join(JOB_DIR, "attempt-1")), "the job was restarted")
+    check(not any(log_of(r) for r in range(8)), "a worker started")
+    rep = json.load(open(os.path.join(JOB_DIR, "report.json")))
+    cause = rep["root_cause"]
+    check(rep["status"] == "failed" and cause and cause["phase"] == "preflight"
+          and "mlx5_nosuch" in cause["what"], rep)
+    print("root cause:", cause["what"])
+
+
 def case_kill9():
     job_id = sbatch("--sleep 120", wait=False)
     pids = wait_started()
@@ -210,7 +240,8 @@ try:
         sys.exit(1)
     {"env_4x2": case_env_4x2, "kill9": case_kill9, "usr1": case_usr1,
      "wireup_pmi2": case_wireup_pmi2, "wireup_pmix": case_wireup_pmix,
-     "wireup_tcp": case_wireup_tcp}[CASE]()
+     "wireup_tcp": case_wireup_tcp, "preflight_quick": case_preflight_quick,
+     "preflight_missing_nic": case_preflight_missing_nic}[CASE]()
     print("PASS", CASE)
 finally:
     stop_cluster()
