@@ -252,8 +252,8 @@ Graph build_gpt2(const GptConfig& c, const Precision& precision) {
     att.inputs = {qkv};
     att.outputs = {atty, lse};
     att.num_heads = c.n_head;
-    att.workspace =
-        g.add_tensor(p + "att_scratch", {B * c.n_head, T}, g.precision.statistics(), Role::workspace);
+    att.workspace = g.add_tensor(p + "att_scratch", {B * c.n_head, T}, g.precision.statistics(),
+                                 Role::workspace);
     g.add_op(std::move(att));
     TensorId attproj = b.act(p + "attproj", {B, T, C});
     b.op(OpKind::matmul_forward, p + "attproj", {atty, attprojw, attprojb}, {attproj});
@@ -350,6 +350,10 @@ struct Autodiff {
 void append_backward(Graph& g) {
   Autodiff ad{g, {}};
   const std::size_t n_forward = g.ops.size();
+  std::vector<int> readers(g.tensors.size(), 0);  // forward ops reading each tensor
+  for (std::size_t i = 0; i < n_forward; ++i)
+    if (g.ops[i].phase == Phase::forward)
+      for (auto t : g.ops[i].inputs) ++readers[static_cast<std::size_t>(t)];
   for (std::size_t i = n_forward; i-- > 0;) {
     const Op f = g.ops[i];  // copy: emitting appends to g.ops
     if (f.phase != Phase::forward) continue;
@@ -410,6 +414,21 @@ void append_backward(Graph& g) {
       }
       case OpKind::residual_forward: {
         if (!has_grad(f.outputs[0])) continue;
+        // The residual stream's gradient as ONE buffer (llm.c's dresidual): when neither input
+        // has a gradient yet, both take dy itself (no zero, no copy, no op). Safe when b (the
+        // branch: attention or MLP projection) has this op as its only reader and its producer
+        // is the forward op just before: that producer's backward, emitted next, is then the one
+        // reader of d(b) and runs before any further contribution to d(a) lands in the buffer.
+        const TensorId a_in = f.inputs[0], b_in = f.inputs[1];
+        if (!has_grad(a_in) && !has_grad(b_in) && a_in != b_in &&
+            g[a_in].role == Role::activation && g[b_in].role == Role::activation &&
+            readers[static_cast<std::size_t>(b_in)] == 1 && i > 0 &&
+            g.ops[i - 1].phase == Phase::forward && g.ops[i - 1].outputs.size() == 1 &&
+            g.ops[i - 1].outputs[0] == b_in) {
+          g[a_in].grad = g[f.outputs[0]].grad;
+          g[b_in].grad = g[f.outputs[0]].grad;
+          continue;
+        }
         b.kind = OpKind::residual_backward;
         b.inputs = {g[f.outputs[0]].grad};
         b.outputs = {ad.grad_of(f.inputs[0]), ad.grad_of(f.inputs[1])};
