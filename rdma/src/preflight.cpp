@@ -264,16 +264,12 @@ class Runner {
                   right_);
     const std::uint64_t expected = 0x5446000000000000ull | static_cast<std::uint64_t>(left_ + 1);
     const auto deadline = Clock::now() + timeout;
-    while (load(control_, kSlotMarker) != expected) {
-      if (Clock::now() > deadline)
-        return fail(
-            "connectivity",
-            fmt::format("{}: no RDMA write arrived from {} within {} ms (path {} -> {} broken)",
-                        me(), peer_where(left_), timeout.count(), peer_where(left_), me()),
-            left_);
-      transport_->progress();
-      sched_yield();
-    }
+    if (!wait_slot(kSlotMarker, expected, deadline, left_))
+      return fail(
+          "connectivity",
+          fmt::format("{}: no RDMA write arrived from {} {} (path {} -> {} broken)", me(),
+                      peer_where(left_), wait_failure(left_, timeout), peer_where(left_), me()),
+          left_);
     if (auto st = fence(timeout); !st)
       return fail("connectivity", me() + ": " + st.error().message);
     StageResult r;
@@ -338,7 +334,10 @@ class Runner {
   }
 
   // Waits until our control slot holds `value` (progressing), or the deadline.
-  bool wait_slot(std::size_t slot, std::uint64_t value, Clock::time_point deadline) {
+  // Waits until our control slot holds `value`, written by `peer`: false at the deadline or
+  // when the transport reports the peer failed (wait_failure() says which).
+  bool wait_slot(std::size_t slot, std::uint64_t value, Clock::time_point deadline, int peer) {
+    wait_error_.clear();
     // Busy-poll with progress, as ucx_perftest does. Yielding after a fixed number of polls
     // (4096 here before) gave the core away whenever the peer was a few microseconds late; on a
     // loaded host the pair then rarely ran at the same time again and the median shm ping-pong
@@ -350,6 +349,10 @@ class Runner {
       if (spins % 256 == 255) {
         const auto now = Clock::now();
         if (now > deadline) return false;
+        if (auto st = transport_->check_peer(peer); !st) {
+          wait_error_ = st.error().message;
+          return false;
+        }
         if (spins == 255)
           yield_after = now + kSpinBeforeYield;
         else if (now > yield_after)
@@ -357,6 +360,12 @@ class Runner {
       }
     }
     return true;
+  }
+
+  // "within 20000 ms" or "(rank 1 (node n1, mlx5_0:1) failed: ...)" after a failed wait_slot.
+  std::string wait_failure(int peer, milliseconds timeout) const {
+    return wait_error_.empty() ? fmt::format("within {} ms", timeout.count())
+                               : fmt::format("({} failed: {})", peer_where(peer), wait_error_);
   }
 
   bool stage_bandwidth() {
@@ -406,20 +415,25 @@ class Runner {
         }
         all_ok = all_ok && r.ok;
         emit(r);
+        // A transport error ends the stage here, without the fence: the peer may be dead, and
+        // a fence would only wait for it until the timeout. (A figure below the threshold is
+        // a failed result, and the stage goes on.)
+        if (!st) return false;
         staging_word(1) = done_value;
-        if (st)
-          st = transport_->write(right_, control_, (8 + 1) * 8, peers_[right_].control,
-                                 kSlotDone * 8, 8);
+        st = transport_->write(right_, control_, (8 + 1) * 8, peers_[right_].control, kSlotDone * 8,
+                               8);
         if (st) st = transport_->flush(right_, timeout);
-        if (!st) all_ok = false;
+        if (!st)
+          return fail("bandwidth",
+                      fmt::format("{} -> {}: {}", me(), peer_where(right_), st.error().message),
+                      right_);
       }
       if (receiving && !(sending && world_ == 1)) {
-        if (!wait_slot(kSlotDone, done_value, deadline)) {
-          all_ok = fail("bandwidth",
-                        fmt::format("{}: {} did not finish writing within {} ms", me(),
-                                    peer_where(phase), timeout.count()),
-                        phase);
-        }
+        if (!wait_slot(kSlotDone, done_value, deadline, phase))
+          return fail("bandwidth",
+                      fmt::format("{}: {} did not finish writing {}", me(), peer_where(phase),
+                                  wait_failure(phase, timeout)),
+                      phase);
       }
       if (auto st = fence(timeout); !st) return fail("bandwidth", me() + ": " + st.error().message);
     }
@@ -451,8 +465,10 @@ class Runner {
                                           kSlotPing * 8, 8);
               !st)
             return fail("latency", me() + ": " + st.error().message, rank_);
-          if (!wait_slot(kSlotPing, base + static_cast<std::uint64_t>(i), deadline))
-            return fail("latency", me() + ": loopback write did not arrive", rank_);
+          if (!wait_slot(kSlotPing, base + static_cast<std::uint64_t>(i), deadline, rank_))
+            return fail("latency",
+                        me() + ": loopback write did not arrive " + wait_failure(rank_, timeout),
+                        rank_);
           if (i > c_.latency_warmup)
             us.push_back(std::chrono::duration<double, std::micro>(Clock::now() - t0).count());
         }
@@ -470,10 +486,10 @@ class Runner {
             return fail("latency",
                         fmt::format("{} -> {}: {}", me(), peer_where(right_), st.error().message),
                         right_);
-          if (!wait_slot(kSlotPong, base + static_cast<std::uint64_t>(i), deadline))
+          if (!wait_slot(kSlotPong, base + static_cast<std::uint64_t>(i), deadline, right_))
             return fail("latency",
-                        fmt::format("{}: no reply from {} within {} ms", me(), peer_where(right_),
-                                    timeout.count()),
+                        fmt::format("{}: no reply from {} {}", me(), peer_where(right_),
+                                    wait_failure(right_, timeout)),
                         right_);
           if (i > c_.latency_warmup)
             us.push_back(std::chrono::duration<double, std::micro>(Clock::now() - t0).count());
@@ -492,10 +508,10 @@ class Runner {
         all_ok = report_latency(us, right_, 2.0, round) && all_ok;
       } else if (ponging) {
         for (int i = 1; i <= total; ++i) {
-          if (!wait_slot(kSlotPing, base + static_cast<std::uint64_t>(i), deadline))
+          if (!wait_slot(kSlotPing, base + static_cast<std::uint64_t>(i), deadline, phase))
             return fail("latency",
-                        fmt::format("{}: ping {} from {} did not arrive within {} ms", me(), i,
-                                    peer_where(phase), timeout.count()),
+                        fmt::format("{}: ping {} from {} did not arrive {}", me(), i,
+                                    peer_where(phase), wait_failure(phase, timeout)),
                         phase);
           staging_word(3) = base + static_cast<std::uint64_t>(i);
           if (auto st = transport_->write(phase, control_, (8 + 3) * 8, peers_[phase].control,
@@ -549,6 +565,7 @@ class Runner {
   PreflightReport report_;
   std::unique_ptr<Transport> transport_;
   std::vector<std::vector<int>> rounds_;  // ring edges (by sender) measured together
+  std::string wait_error_;                // why the last wait_slot() failed, "" = timeout
   LocalMemory control_;
   LocalMemory data_;
   std::map<int, PeerInfo> peers_;

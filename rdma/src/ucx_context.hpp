@@ -34,6 +34,9 @@ struct UcxWorker {
   std::uint64_t memory_types = 0;  // ucp_context_query: bit per ucs_memory_type_t
 };
 
+// UCX 1.13's default UCX_ALLOC_PRIO with posix before sysv (see open_ucx_worker).
+inline constexpr const char* kPosixFirstAllocPrio = "md:posix,md:sysv,huge,thp,md:*,mmap,heap";
+
 // Creates context + worker in single-thread mode. Peer-failure endpoints over shared memory
 // need UCX_POSIX_ERROR_HANDLING=y in UCX 1.13 (rdma.md §1.3); set unless the user set it.
 Result<UcxWorker> open_ucx_worker(const UcxSettings& settings, const std::string& name);

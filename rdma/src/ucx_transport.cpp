@@ -235,6 +235,14 @@ class UcxTransport final : public Transport {
 
   void progress() override { ucp_worker_progress(w_.worker.get()); }
 
+  Status check_peer(int peer) override {
+    auto it = peers_.find(peer);
+    if (it != peers_.end() && it->second->failure != UCS_OK)
+      return make_error(
+          fmt::format("ucx: rank {} failed: {}", peer, status_text(it->second->failure)), 3);
+    return ok_status();
+  }
+
  private:
   int rank_;
   detail::UcxWorker w_;

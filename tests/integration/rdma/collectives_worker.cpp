@@ -3,6 +3,7 @@
 //   allreduce  fp32 and bf16 sums of integer-valued data for the given sizes, compared with the
 //              sum computed locally (exact: integers are exact in both formats at these sizes)
 //   survive    barriers until one fails (a peer was killed); prints the error and the time
+//   busbw      timed fp32 all-reduces per size (--reps, after a warm-up), last one verified
 // Prints "ready" after the communicator is up and "transports <lanes>"; exit 0 = verified,
 // 1 = wrong data, 3 = a peer failed, 2 = bad arguments.
 #include <chrono>
@@ -95,6 +96,36 @@ int run_allreduce(HostCommunicator& comm, const std::vector<std::size_t>& sizes)
   return 0;
 }
 
+// For the benchmark: per size, one untimed warm-up and `reps` timed fp32 all-reduces (each on
+// fresh rank-weighted data, initialised outside the timing), the last one verified.
+int run_busbw(HostCommunicator& comm, const std::vector<std::size_t>& sizes, int reps) {
+  const int n = comm.world_size();
+  const float rank_weight = static_cast<float>(comm.rank() + 1);
+  const float weight_sum = static_cast<float>(n * (n + 1) / 2);
+  for (std::size_t count : sizes) {
+    std::vector<float> data(count);
+    std::string times;
+    for (int rep = 0; rep <= reps; ++rep) {
+      for (std::size_t i = 0; i < count; ++i)
+        data[i] = rank_weight * static_cast<float>(int(i % 7) - 3);
+      if (auto st = comm.barrier(); !st) return fail(st.error().message, 3);
+      auto t0 = std::chrono::steady_clock::now();
+      if (auto st = comm.allreduce_sum(data.data(), count); !st) return fail(st.error().message, 3);
+      double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      if (rep > 0) times += (times.empty() ? "" : ",") + std::to_string(secs);
+    }
+    for (std::size_t i = 0; i < count; ++i)
+      if (data[i] != weight_sum * static_cast<float>(int(i % 7) - 3))
+        return fail("fp32 all-reduce of " + std::to_string(count) + " elements: element " +
+                        std::to_string(i) + " is wrong",
+                    1);
+    std::printf("busbw count=%zu bytes=%zu seconds=%s\n", count, count * sizeof(float),
+                times.c_str());
+    std::fflush(stdout);
+  }
+  return 0;
+}
+
 int run_survive(HostCommunicator& comm) {
   while (true) {
     if (auto st = comm.barrier(); !st) {
@@ -113,6 +144,7 @@ int main(int argc, char** argv) {
   std::string dir, tls, mode = "exchange", sizes_text = "1";
   int rank = -1, world = 0;
   long chunk = 0;
+  int reps = 3;
   for (int i = 1; i + 1 < argc; i += 2) {
     std::string k = argv[i], v = argv[i + 1];
     if (k == "--dir")
@@ -129,6 +161,8 @@ int main(int argc, char** argv) {
       sizes_text = v;
     else if (k == "--chunk")
       chunk = std::atol(v.c_str());
+    else if (k == "--reps")
+      reps = std::atoi(v.c_str());
     else
       return fail("unknown option " + k, 2);
   }
@@ -147,6 +181,8 @@ int main(int argc, char** argv) {
     rc = run_exchange(*comm);
   else if (mode == "allreduce")
     rc = run_allreduce(*comm, parse_sizes(sizes_text));
+  else if (mode == "busbw")
+    rc = run_busbw(*comm, parse_sizes(sizes_text), reps);
   else if (mode == "survive")
     rc = run_survive(*comm);
   else

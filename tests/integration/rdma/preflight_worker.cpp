@@ -3,10 +3,14 @@
 //   --dir D --rank R --world N [--transport ucx|verbs] [--tls T] [--device D --port P --gid G]
 //   [--level quick|full] [--sysfs ROOT] [--message BYTES] [--total BYTES] [--buffer BYTES]
 //   [--iters N] [--min-gbps X] [--max-lat-us X] [--node NAME] [--timeout-ms T]
+//   [--corrupt-put KEY_PART]  (tests: flip one byte of every value put under a key containing it)
 #include <cstdio>
 #include <cstdlib>
 #include <iostream>
+#include <memory>
+#include <span>
 #include <string>
+#include <vector>
 
 #include "topolaunch/rdma/preflight.hpp"
 #include "topolaunch/rdma/store.hpp"
@@ -14,8 +18,43 @@
 using namespace topolaunch;
 using namespace topolaunch::rdma;
 
+namespace {
+
+// A store that damages what this rank publishes under some keys, as a broken store or a
+// mismatched peer would: the other ranks must fail with an error naming the key and this rank.
+class CorruptingStore final : public wireup::KvStore {
+ public:
+  CorruptingStore(std::unique_ptr<wireup::KvStore> inner, std::string key_part)
+      : inner_(std::move(inner)), key_part_(std::move(key_part)) {}
+  int rank() const override { return inner_->rank(); }
+  int size() const override { return inner_->size(); }
+  std::string_view backend() const override { return inner_->backend(); }
+  Status put(std::string_view key, std::span<const std::byte> value) override {
+    if (key.find(key_part_) == std::string_view::npos || value.empty())
+      return inner_->put(key, value);
+    std::vector<std::byte> damaged(value.begin(), value.end());
+    damaged[damaged.size() / 2] ^= std::byte{0x5a};
+    return inner_->put(key, damaged);
+  }
+  Status commit() override { return inner_->commit(); }
+  Status fence(std::chrono::milliseconds timeout) override { return inner_->fence(timeout); }
+  Result<wireup::Bytes> get(std::string_view key, std::chrono::milliseconds timeout) override {
+    return inner_->get(key, timeout);
+  }
+  Result<std::vector<wireup::Bytes>> get_many(const std::vector<std::string>& keys,
+                                              std::chrono::milliseconds timeout) override {
+    return inner_->get_many(keys, timeout);
+  }
+
+ private:
+  std::unique_ptr<wireup::KvStore> inner_;
+  std::string key_part_;
+};
+
+}  // namespace
+
 int main(int argc, char** argv) {
-  std::string dir, level = "full", sysfs = "/sys";
+  std::string dir, level = "full", sysfs = "/sys", corrupt_put;
   int rank = -1, world = 0;
   PreflightConfig c;
   c.node = "localhost";
@@ -55,6 +94,8 @@ int main(int argc, char** argv) {
       c.max_latency_us = std::atof(v.c_str());
     else if (k == "--node")
       c.node = v;
+    else if (k == "--corrupt-put")
+      corrupt_put = v;
     else if (k == "--timeout-ms") {
       const std::chrono::milliseconds t(std::atol(v.c_str()));
       c.local_timeout = c.connectivity_timeout = c.bandwidth_timeout = c.latency_timeout = t;
@@ -80,7 +121,9 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "%s\n", store.error().message.c_str());
     return 2;
   }
-  auto report = run_preflight(**store, c, &std::cout);
+  std::unique_ptr<wireup::KvStore> kv = std::move(*store);
+  if (!corrupt_put.empty()) kv = std::make_unique<CorruptingStore>(std::move(kv), corrupt_put);
+  auto report = run_preflight(*kv, c, &std::cout);
   if (!report) {
     std::fprintf(stderr, "%s\n", report.error().message.c_str());
     return report.error().exit_code;

@@ -75,6 +75,9 @@ class Transport {
   virtual Status flush(int peer, std::chrono::milliseconds timeout) = 0;
   // Lets the transport make progress (UCX over tcp needs the target to progress too).
   virtual void progress() = 0;
+  // An error when the transport knows `peer` failed (UCX: the endpoint's error callback ran),
+  // so a wait for that peer's writes ends at once instead of at its timeout.
+  virtual Status check_peer(int /*peer*/) { return ok_status(); }
 };
 
 struct UcxTransportOptions {
