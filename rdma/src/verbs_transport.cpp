@@ -5,7 +5,9 @@
 #include <unistd.h>
 
 #include <fmt/format.h>
+#include <algorithm>
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 #include <map>
 #include <random>
@@ -168,6 +170,37 @@ class VerbsTransport final : public Transport {
     return LocalMemory{address, bytes, kind, key, handle};
   }
 
+  // Page-aligned host memory registered here. The handle owns both (the registration goes
+  // before the memory) but keeps pointing at the ibv_mr, where write() finds the lkey; the
+  // Transport default would hide the MR behind the memory block.
+  Result<LocalMemory> allocate_memory(std::size_t bytes) override {
+    const auto page = static_cast<std::size_t>(sysconf(_SC_PAGESIZE));
+    const std::size_t rounded = std::max(page, (bytes + page - 1) / page * page);
+    void* memory = std::aligned_alloc(page, rounded);
+    if (!memory)
+      return make_error(fmt::format("verbs: cannot allocate {} bytes on {}", bytes, opts_.device),
+                        1);
+    auto m = register_memory(memory, bytes, MemoryKind::host);
+    if (!m) {
+      std::free(memory);
+      return m.error();
+    }
+    struct Allocation {
+      std::shared_ptr<void> registration;
+      void* memory = nullptr;
+      ~Allocation() {
+        registration.reset();
+        std::free(memory);
+      }
+    };
+    auto owner = std::make_shared<Allocation>();
+    owner->memory = memory;
+    void* mr = m->handle.get();
+    owner->registration = std::move(m->handle);
+    m->handle = std::shared_ptr<void>(owner, mr);  // aliasing: owns `owner`, points at the MR
+    return m;
+  }
+
   Status write(int peer, const LocalMemory& local, std::size_t offset, const RemoteMemory& remote,
                std::size_t remote_offset, std::size_t bytes) override {
     auto it = peers_.find(peer);
@@ -178,12 +211,22 @@ class VerbsTransport final : public Transport {
     if (remote.packed_key.size() != 4 || offset + bytes > local.bytes ||
         remote_offset + bytes > remote.bytes)
       return make_error(fmt::format("verbs: bad write of {} bytes to rank {}", bytes, peer), 1);
+    // The handle must be one of our registrations covering the source (a wrapped handle that
+    // no longer points at the ibv_mr gave the kernel a garbage lkey: "local QP operation error").
+    const auto* mr = static_cast<const ibv_mr*>(local.handle.get());
+    const auto src = reinterpret_cast<std::uintptr_t>(local.address) + offset;
+    if (!mr || mr->pd != pd_ || src < reinterpret_cast<std::uintptr_t>(mr->addr) ||
+        src + bytes > reinterpret_cast<std::uintptr_t>(mr->addr) + mr->length)
+      return make_error(fmt::format("verbs: source of a write to rank {} is not memory registered "
+                                    "on {}:{} by this transport",
+                                    peer, opts_.device, opts_.port),
+                        1);
     while (p.outstanding >= kMaxOutstanding) poll();
     if (!p.failure.empty()) return make_error(p.failure, 3);
     ibv_sge sge{};
-    sge.addr = reinterpret_cast<std::uint64_t>(local.address) + offset;
+    sge.addr = src;
     sge.length = static_cast<std::uint32_t>(bytes);
-    sge.lkey = static_cast<ibv_mr*>(local.handle.get())->lkey;
+    sge.lkey = mr->lkey;
     ibv_send_wr wr{};
     wr.wr_id = static_cast<std::uint64_t>(peer);
     wr.sg_list = &sge;
