@@ -14,7 +14,6 @@
 #include <algorithm>
 #include <atomic>
 #include <cstring>
-#include <future>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <set>
@@ -32,6 +31,8 @@ constexpr std::size_t kSlotMarker = 0;
 constexpr std::size_t kSlotDone = 1;
 constexpr std::size_t kSlotPing = 2;
 constexpr std::size_t kSlotPong = 3;
+constexpr std::size_t kSlotArrive = 4;  // barrier tokens (see Runner::barrier)
+constexpr std::size_t kSlotRelease = 5;
 constexpr std::size_t kControlBytes = 4096;
 // How long a wait polls before it also yields the core (see wait_slot).
 constexpr std::chrono::microseconds kSpinBeforeYield{2000};
@@ -270,8 +271,7 @@ class Runner {
           fmt::format("{}: no RDMA write arrived from {} {} (path {} -> {} broken)", me(),
                       peer_where(left_), wait_failure(left_, timeout), peer_where(left_), me()),
           left_);
-    if (auto st = fence(timeout); !st)
-      return fail("connectivity", me() + ": " + st.error().message);
+    if (auto st = barrier(timeout); !st) return fail("connectivity", st.error().message, left_);
     StageResult r;
     r.stage = "connectivity";
     r.ok = true;
@@ -283,16 +283,44 @@ class Runner {
     return true;
   }
 
-  // A store fence during which this thread keeps the transport progressing: over UCX tcp a
-  // peer's flush completes only when we answer it, so a fence that stops progress would
-  // deadlock with a peer still flushing. The store is used by the fence thread alone meanwhile.
-  Status fence(milliseconds timeout) {
-    auto done = std::async(std::launch::async, [&] { return store_.fence(timeout); });
-    while (done.wait_for(std::chrono::milliseconds(0)) != std::future_status::ready) {
-      transport_->progress();
-      sched_yield();
-    }
-    return done.get();
+  // A barrier over the ranks through the transport itself, around the ring: an "arrived" token
+  // goes 0 -> 1 -> ... -> n-1 -> 0, then a "release" token 0 -> 1 -> ... -> n-1. Every wait is a
+  // wait_slot() on the left neighbour, so a dead neighbour ends it within UCX's keepalive (1 s)
+  // instead of at a store fence's timeout, and the transport keeps progressing throughout (UCX
+  // tcp completes a peer's flush only when we progress). Tokens are sequence numbers in slots
+  // only the left neighbour writes; each write is flushed before the next, so they stay ordered.
+  Status barrier(milliseconds timeout) {
+    if (world_ == 1) return ok_status();
+    const std::uint64_t seq = ++barrier_seq_;
+    const auto deadline = Clock::now() + timeout;
+    auto pass = [&](std::size_t slot) -> Status {
+      staging_word(static_cast<int>(slot)) = seq;
+      if (auto st = transport_->write(right_, control_, (8 + slot) * 8, peers_[right_].control,
+                                      slot * 8, 8);
+          !st)
+        return make_error(fmt::format("{} -> {}: {}", me(), peer_where(right_), st.error().message),
+                          3);
+      if (auto st = transport_->flush(right_, timeout); !st)
+        return make_error(fmt::format("{} -> {}: {}", me(), peer_where(right_), st.error().message),
+                          3);
+      return ok_status();
+    };
+    auto await = [&](std::size_t slot, const char* what) -> Status {
+      if (wait_slot(slot, seq, deadline, left_)) return ok_status();
+      return make_error(fmt::format("{}: barrier {}: {} token from {} did not come {}", me(), seq,
+                                    what, peer_where(left_), wait_failure(left_, timeout)),
+                        3);
+    };
+    if (rank_ != 0)
+      if (auto st = await(kSlotArrive, "arrival"); !st) return st;
+    if (auto st = pass(kSlotArrive); !st) return st;
+    if (rank_ == 0)
+      if (auto st = await(kSlotArrive, "arrival"); !st) return st;
+    if (rank_ != 0)
+      if (auto st = await(kSlotRelease, "release"); !st) return st;
+    if (rank_ != world_ - 1)
+      if (auto st = pass(kSlotRelease); !st) return st;
+    return ok_status();
   }
 
   // A word inside our control buffer used as a registered source for small writes.
@@ -415,8 +443,8 @@ class Runner {
         }
         all_ok = all_ok && r.ok;
         emit(r);
-        // A transport error ends the stage here, without the fence: the peer may be dead, and
-        // a fence would only wait for it until the timeout. (A figure below the threshold is
+        // A transport error ends the stage here, without the barrier: the peer may be dead,
+        // and the barrier would only wait for it. (A figure below the threshold is
         // a failed result, and the stage goes on.)
         if (!st) return false;
         staging_word(1) = done_value;
@@ -435,7 +463,7 @@ class Runner {
                                   wait_failure(phase, timeout)),
                       phase);
       }
-      if (auto st = fence(timeout); !st) return fail("bandwidth", me() + ": " + st.error().message);
+      if (auto st = barrier(timeout); !st) return fail("bandwidth", st.error().message, left_);
     }
     return all_ok;
   }
@@ -531,7 +559,7 @@ class Runner {
                       fmt::format("{} -> {}: {}", me(), peer_where(phase), st.error().message),
                       phase);
       }
-      if (auto st = fence(timeout); !st) return fail("latency", me() + ": " + st.error().message);
+      if (auto st = barrier(timeout); !st) return fail("latency", st.error().message, left_);
     }
     return all_ok;
   }
@@ -566,6 +594,7 @@ class Runner {
   std::unique_ptr<Transport> transport_;
   std::vector<std::vector<int>> rounds_;  // ring edges (by sender) measured together
   std::string wait_error_;                // why the last wait_slot() failed, "" = timeout
+  std::uint64_t barrier_seq_ = 0;
   LocalMemory control_;
   LocalMemory data_;
   std::map<int, PeerInfo> peers_;
