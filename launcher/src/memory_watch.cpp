@@ -14,27 +14,66 @@
 
 namespace topolaunch::launcher {
 
-std::vector<ProcessEntry> read_process_table(const std::string& proc_root) {
-  std::vector<ProcessEntry> table;
-  DIR* dir = ::opendir(proc_root.c_str());
-  if (dir == nullptr) return table;
+namespace {
+
+// "pid (comm) state ppid pgrp ...": comm may hold spaces and parentheses, so parse after the
+// last ')'. False when the process is gone.
+bool read_stat(const std::string& proc_root, pid_t pid, ProcessEntry& e) {
+  std::ifstream stat(fmt::format("{}/{}/stat", proc_root, pid));
+  std::string text;
+  if (!std::getline(stat, text)) return false;
+  auto close = text.rfind(')');
+  if (close == std::string::npos) return false;
+  std::istringstream rest(text.substr(close + 1));
+  std::string state;
+  e.pid = pid;
+  return static_cast<bool>(rest >> state >> e.ppid >> e.pgid);
+}
+
+std::vector<pid_t> numeric_entries(const std::string& path) {
+  std::vector<pid_t> out;
+  DIR* dir = ::opendir(path.c_str());
+  if (dir == nullptr) return out;
   while (const dirent* entry = ::readdir(dir)) {
-    const char* name = entry->d_name;
-    if (name[0] < '0' || name[0] > '9') continue;
-    std::ifstream stat(fmt::format("{}/{}/stat", proc_root, name));
-    std::string text;
-    if (!std::getline(stat, text)) continue;  // gone meanwhile
-    // "pid (comm) state ppid pgrp ...": comm may hold spaces and parentheses, so parse after
-    // the last ')'.
-    auto close = text.rfind(')');
-    if (close == std::string::npos) continue;
-    std::istringstream rest(text.substr(close + 1));
-    std::string state;
-    ProcessEntry e;
-    e.pid = static_cast<pid_t>(std::atoi(name));
-    if (rest >> state >> e.ppid >> e.pgid) table.push_back(e);
+    if (entry->d_name[0] >= '0' && entry->d_name[0] <= '9') {
+      out.push_back(static_cast<pid_t>(std::atoi(entry->d_name)));
+    }
   }
   ::closedir(dir);
+  return out;
+}
+
+}  // namespace
+
+std::vector<ProcessEntry> read_process_table(const std::string& proc_root) {
+  std::vector<ProcessEntry> table;
+  for (pid_t pid : numeric_entries(proc_root)) {
+    ProcessEntry e;
+    if (read_stat(proc_root, pid, e)) table.push_back(e);
+  }
+  return table;
+}
+
+std::vector<ProcessEntry> read_process_subtree(pid_t root, const std::string& proc_root) {
+  const auto root_tasks = numeric_entries(fmt::format("{}/{}/task", proc_root, root));
+  if (root_tasks.empty() ||
+      ::access(fmt::format("{}/{}/task/{}/children", proc_root, root, root_tasks.front()).c_str(),
+               R_OK) != 0) {
+    return read_process_table(proc_root);
+  }
+  std::vector<ProcessEntry> table;
+  std::vector<pid_t> pending{root};
+  while (!pending.empty() && table.size() < 100000) {
+    const pid_t pid = pending.back();
+    pending.pop_back();
+    ProcessEntry e;
+    if (!read_stat(proc_root, pid, e)) continue;
+    table.push_back(e);
+    for (pid_t tid : numeric_entries(fmt::format("{}/{}/task", proc_root, pid))) {
+      std::ifstream children(fmt::format("{}/{}/task/{}/children", proc_root, pid, tid));
+      for (pid_t child; children >> child;) pending.push_back(child);
+    }
+  }
   return table;
 }
 

@@ -26,6 +26,12 @@ struct ProcessEntry {
 // Every process of /proc (`proc_root` for tests) with its parent and process group.
 std::vector<ProcessEntry> read_process_table(const std::string& proc_root = "/proc");
 
+// `root` and its descendants only, walking /proc/<pid>/task/<tid>/children (cost grows with the
+// subtree, not with the node's process count). The agent is a child subreaper, so everything its
+// workers started stays below it. Falls back to read_process_table() when the kernel has no
+// children files (CONFIG_PROC_CHILDREN).
+std::vector<ProcessEntry> read_process_subtree(pid_t root, const std::string& proc_root = "/proc");
+
 // A rank's processes: `root` and its descendants, plus every process in the process group that
 // `root` leads (a worker is a group leader; a grandchild orphaned to the agent, which is a child
 // subreaper, stays in the group). Sorted, without duplicates; empty when `root` is gone.
