@@ -710,7 +710,7 @@ void open_gpu_watch(Job& job) {
 }
 
 // The [rdma] preflight stage of this node (attempt 0 only): prints its one line (nothing when
-// the config turns it off) and keeps the stages' JSON lines in <job_dir>/preflight.jsonl.
+// the config turns it off) and keeps the stages' JSON lines in <job_dir>/preflight-<node>.jsonl.
 PreflightStageOutcome preflight_stage(const Job& job, wireup::KvStore* store) {
   if (!job.options.preflight) {
     return PreflightStageOutcome{true, 0, "rdma preflight: not available in this program", ""};

@@ -128,6 +128,7 @@ std::string_view backend_name(wireup::Backend backend) {
 }
 
 bool is_agent_pmi_variable(std::string_view name) {
+  if (name.rfind("PMIX_MCA_", 0) == 0) return false;  // the user's PMIx tuning, for workers too
   return name.rfind("PMIX_", 0) == 0 || name.rfind("PMI_", 0) == 0;
 }
 

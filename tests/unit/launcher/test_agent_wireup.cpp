@@ -74,6 +74,7 @@ TEST_CASE("the agent's PMI variables are not the workers'") {
   CHECK(is_agent_pmi_variable("PMI_FD"));
   CHECK(is_agent_pmi_variable("PMIX_NAMESPACE"));
   CHECK(is_agent_pmi_variable("PMIX_SERVER_URI41"));
+  CHECK_FALSE(is_agent_pmi_variable("PMIX_MCA_gds"));
   CHECK_FALSE(is_agent_pmi_variable("SLURM_PROCID"));
   CHECK_FALSE(is_agent_pmi_variable("TOPOLAUNCH_STORE_ADDR"));
 }

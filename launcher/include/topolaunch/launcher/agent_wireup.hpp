@@ -35,7 +35,8 @@ Result<wireup::Backend> agent_backend(WireupBackend requested, const wireup::Env
 std::string_view backend_name(wireup::Backend backend);  // "tcp", "pmix", "pmi2"
 
 // Variables that describe the agent's own PMI step, not a worker's: left out of the workers'
-// environment (PMIX_*, PMI_*), so a worker never talks to the agent's PMI server by mistake.
+// environment (PMIX_* but the user's PMIX_MCA_* settings, PMI_*), so a worker never talks to the
+// agent's PMI server by mistake.
 bool is_agent_pmi_variable(std::string_view name);
 
 }  // namespace topolaunch::launcher
