@@ -114,6 +114,7 @@ def check_env_4x2(backend):
     check(rep["wireup"] == {"agents": backend, "workers": "tcp"}, rep["wireup"])
     said = [l for l in out.splitlines() if f"agents exchange through {backend} (agent" in l]
     check(len(said) == 4, f"4 agents should log the {backend} backend:\n{out[-2000:]}")
+    print("\n".join(said))
     nodes = {}
     for r in range(8):
         log = log_of(r)
