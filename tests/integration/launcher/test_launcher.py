@@ -374,6 +374,38 @@ def case_wireup_backend_standalone():
     expect_bad_input(base + '[wireup]\nbackend = "pmix"\n', "wireup.backend")
 
 
+def case_wireup_backend_srun_missing():
+    # Inside a 2-node allocation whose srun offers no pmix plugin (a stand-in srun on PATH that
+    # answers --mpi=list like Slurm 22.05 built without PMIx), wireup.backend = "pmix" is refused
+    # before any agent starts: exit 2, one line naming wireup.backend and what srun offers.
+    bindir = os.path.join(TMP, "fake-slurm-bin")
+    os.makedirs(bindir, exist_ok=True)
+    started = os.path.join(TMP, "srun-started-agents")
+    with open(os.path.join(bindir, "srun"), "w") as f:
+        f.write("#!/bin/sh\n"
+                "if [ \"$1\" = --mpi=list ]; then\n"
+                "  printf 'MPI plugin types are...\\n\\tnone\\n\\tpmi2\\n'; exit 0\n"
+                "fi\n"
+                f"touch {started}; exit 1\n")
+    os.chmod(os.path.join(bindir, "srun"), 0o755)
+    path = os.path.join(TMP, "srun-missing.toml")
+    with open(path, "w") as f:
+        f.write('[mapping]\noversubscribe = true\n[job]\nranks_per_node = 2\n'
+                '[rdma]\npreflight = "off"\n[wireup]\nbackend = "pmix"\n')
+    env = dict(os.environ, **{MARKER: marker_value, "SLURM_JOB_ID": "4242",
+                              "SLURM_JOB_NUM_NODES": "2",
+                              "PATH": bindir + os.pathsep + os.environ.get("PATH", "")})
+    proc = subprocess.run([TOPOLAUNCH, "run", path, "--job-dir", os.path.join(TMP, "srun-job"),
+                           "--", WORKER, "--sleep", "1"], env=env, capture_output=True, text=True,
+                          timeout=30)
+    check(proc.returncode == 2, f"exit {proc.returncode}: {proc.stderr}")
+    lines = proc.stderr.strip().splitlines()
+    check(len(lines) == 1 and "wireup.backend" in lines[0] and "no pmix plugin" in lines[0]
+          and "none, pmi2" in lines[0], f"one line expected: {proc.stderr!r}")
+    check(not os.path.exists(started), "srun was asked to start agents")
+    print("ok:", lines[0])
+
+
 def expect_bad_input(config_text, needle, worker=None, job_dir=None):
     path = os.path.join(TMP, f"bad-{uuid.uuid4().hex[:6]}.toml")
     with open(path, "w") as f:
