@@ -221,7 +221,21 @@ class VerbsTransport final : public Transport {
                                     "on {}:{} by this transport",
                                     peer, opts_.device, opts_.port),
                         1);
-    while (p.outstanding >= kMaxOutstanding) poll();
+    if (p.outstanding >= kMaxOutstanding) {
+      // A full send queue waits for one completion, but not forever: the QP's retries should
+      // end a dead path with an error CQE, yet Soft-RoCE on Linux 6.1 was seen never to
+      // complete writes whose packets went nowhere (the rdma suite's unreachable peer).
+      const auto deadline = std::chrono::steady_clock::now() + completion_wait();
+      while (p.outstanding >= kMaxOutstanding && p.failure.empty()) {
+        if (std::chrono::steady_clock::now() > deadline)
+          return make_error(
+              fmt::format("verbs: rank {} on {}:{} acknowledged none of {} writes "
+                          "within {} ms: the path to it is dead",
+                          peer, opts_.device, opts_.port, p.outstanding, completion_wait().count()),
+              3);
+        poll();
+      }
+    }
     if (!p.failure.empty()) return make_error(p.failure, 3);
     ibv_sge sge{};
     sge.addr = src;
@@ -262,6 +276,25 @@ class VerbsTransport final : public Transport {
   }
 
   void progress() override { poll(); }
+
+  // How long one completion may take: 16 x the QP's worst case (4.096 us x 2^timeout per try,
+  // retry_count + 1 tries), at least a second.
+  std::chrono::milliseconds completion_wait() const {
+    const double worst_ms = 4.096e-3 *
+                            static_cast<double>(1ull << std::min<int>(opts_.qp_timeout, 31)) *
+                            (QpTimeouts{}.retry_count + 1);
+    return std::chrono::milliseconds(
+        std::max<long long>(1000, static_cast<long long>(16 * worst_ms)));
+  }
+
+  // A failed completion on the QP to `peer` (retry counter exceeded: the path is dead) ends a
+  // wait for that peer at once.
+  Status check_peer(int peer) override {
+    poll();
+    auto it = peers_.find(peer);
+    if (it != peers_.end() && !it->second.failure.empty()) return make_error(it->second.failure, 3);
+    return ok_status();
+  }
 
  private:
   void poll() {

@@ -222,6 +222,23 @@ def check_write_error(rec, name, words):
     print(f"ok: refused with exit 2: {msg}")
 
 
+def check_unreachable(rec):
+    name = "write_unreachable.r0"
+    rec.show(name)
+    lines = rec.json_lines(name)
+    expect(lines, "no result printed")
+    j = lines[-1]
+    expect(rec.rc(name) == 1, f"exit {rec.rc(name)}, expected 1 (the write failed)")
+    msg = j.get("error", "")
+    for w in ("rank 0", "rxe1:1"):
+        expect(w in msg, f"the error does not name {w!r}: {msg!r}")
+    # QP timeout 10 (4.2 ms) x 8 tries: the retry error CQE within ~35 ms, or (rxe on 6.1 never
+    # sends one) write()'s bounded wait for a completion, 1 s; the flush's own deadline (20 s)
+    # would mean the queue-full wait did not end by itself.
+    expect(j["failed_after_ms"] < 10000, f"the failure took {j['failed_after_ms']:.0f} ms")
+    print(f"ok: failed after {j['failed_after_ms']:.0f} ms: {msg}")
+
+
 def stages(lines):
     return {(l["rank"], l["stage"]): l for l in lines}
 
@@ -360,6 +377,7 @@ CHECKS = {
     "probe_port_down": check_probe_port_down,
     "verbs_write_rxe0": lambda r: check_write(r, "write_rxe0", 2, 4194304),
     "verbs_write_rxe1": lambda r: check_write(r, "write_rxe1", 2, 4194304),
+    "verbs_unreachable_peer": check_unreachable,
     "verbs_write_loopback": lambda r: check_write(r, "write_loopback", 1, 2097152),
     "verbs_port_down": lambda r: check_write_error(r, "write_port_down", ["rxe2:1", "not ACTIVE"]),
     "verbs_no_device": lambda r: check_write_error(r, "write_no_device", ["mlx5_7", "does not exist"]),

@@ -68,6 +68,11 @@ record probe 60 "$TL_PROBE" --no-cuda
 # --- (b) RC connections through our verbs transport, RDMA WRITE verified byte for byte ------
 ranks write_rxe0 2 90 "$TL_WRITE_CHECK" --device rxe0 --gid 1 --bytes 4194304
 ranks write_rxe1 2 90 "$TL_WRITE_CHECK" --device rxe1 --gid 1 --bytes 4194304
+# A peer nobody answers for (a GID on the dummy's subnet): 200 writes, QP timeout 10 (4 ms).
+# (rxe0 <-> rxe1 is no such test: rxe hands a packet to the device of the netdev it arrived
+# on, and everything local arrives on lo, so that pair never connects either.)
+ranks write_unreachable 1 60 "$TL_WRITE_CHECK" --device rxe1 --gid 1 --bytes 4096 \
+  --unreachable-gid ::ffff:192.0.2.99 --qp-timeout 10 --timeout-ms 20000
 ranks write_loopback 1 90 "$TL_WRITE_CHECK" --device rxe1 --gid 1 --bytes 2097152
 ranks write_port_down 1 30 "$TL_WRITE_CHECK" --device rxe2 --gid 0 --bytes 65536
 ranks write_no_device 1 30 "$TL_WRITE_CHECK" --device mlx5_7 --gid 0 --bytes 65536

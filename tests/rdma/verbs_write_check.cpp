@@ -7,8 +7,12 @@
 // byte against the previous rank's pattern. Prints one JSON line; exit 0 = every byte right,
 // 1 = mismatch or transport failure, 2 = bad input (a device that does not exist, a port that
 // is down).
-//   verbs_write_check --dir D --rank R --world N --device DEV [--port P] [--gid G]
-//                     [--bytes N] [--timeout-ms T]
+//   verbs_write_check --dir D --rank R --world N --device DEV[,DEV...] [--port P] [--gid G]
+//                     [--bytes N] [--timeout-ms T] [--qp-timeout T] [--unreachable-gid IPV6]
+// A device list gives rank r the r-th device. --unreachable-gid (world 1): the QP is connected
+// to our own QP number at that GID instead, where nobody answers; the write must fail with the
+// transport's retry error, naming the peer, within the QP timeout's retries (no hang).
+#include <arpa/inet.h>
 #include <fmt/format.h>
 
 #include <chrono>
@@ -22,6 +26,7 @@
 #include "topolaunch/rdma/blob.hpp"
 #include "topolaunch/rdma/endpoint.hpp"
 #include "topolaunch/rdma/store.hpp"
+#include "topolaunch/rdma/verbs_qp.hpp"
 
 using namespace topolaunch;
 using namespace topolaunch::rdma;
@@ -48,7 +53,7 @@ int report(nlohmann::json j, int code) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::string dir;
+  std::string dir, devices, unreachable_gid;
   int rank = -1, world = 0;
   VerbsTransportOptions opts;
   std::size_t bytes = std::size_t{8} << 20;
@@ -62,7 +67,11 @@ int main(int argc, char** argv) {
     else if (k == "--world")
       world = std::atoi(v.c_str());
     else if (k == "--device")
-      opts.device = v;
+      devices = v;
+    else if (k == "--qp-timeout")
+      opts.qp_timeout = static_cast<std::uint8_t>(std::atoi(v.c_str()));
+    else if (k == "--unreachable-gid")
+      unreachable_gid = v;
     else if (k == "--port")
       opts.port = std::atoi(v.c_str());
     else if (k == "--gid")
@@ -75,6 +84,16 @@ int main(int argc, char** argv) {
       std::fprintf(stderr, "verbs_write_check: unknown option %s\n", k.c_str());
       return 2;
     }
+  }
+  {
+    // Rank r takes the r-th name of a comma-separated list (the last one when it is shorter).
+    std::size_t start = 0;
+    for (int r = 0; r < rank; ++r) {
+      const std::size_t comma = devices.find(',', start);
+      if (comma == std::string::npos) break;
+      start = comma + 1;
+    }
+    opts.device = devices.substr(start, devices.find(',', start) - start);
   }
   nlohmann::json out{{"rank", rank},
                      {"world", world},
@@ -98,6 +117,36 @@ int main(int argc, char** argv) {
   auto transport = open_verbs_transport(rank, opts);
   if (!transport) return fail("open", transport.error());
   out["transport"] = (*transport)->description();
+  if (!unreachable_gid.empty()) {
+    in6_addr gid{};
+    if (world != 1 || inet_pton(AF_INET6, unreachable_gid.c_str(), &gid) != 1) {
+      out["error"] = "--unreachable-gid needs --world 1 and an IPv6 address (::ffff:a.b.c.d)";
+      return report(out, 2);
+    }
+    auto blob = (*transport)->local_blob(0);
+    if (!blob) return fail("connect", blob.error());
+    auto info = parse_qp_info(*blob, 0, "own qp");
+    if (!info) return fail("connect", info.error());
+    std::memcpy(info->gid.data(), gid.s6_addr, 16);
+    if (auto st = (*transport)->connect(0, serialize(*info)); !st)
+      return fail("connect", st.error());
+    std::vector<unsigned char> buffer(4096, 1);
+    auto mem = (*transport)->register_memory(buffer.data(), buffer.size(), MemoryKind::host);
+    if (!mem) return fail("register", mem.error());
+    // More writes than the send queue holds: the error must come from write() itself (a full
+    // queue waiting for completions) or from flush(), never a hang.
+    const auto t0 = Clock::now();
+    Status st = ok_status();
+    for (int i = 0; i < 200 && st; ++i)
+      st = (*transport)->write(0, *mem, 0, describe(*mem), 0, buffer.size());
+    if (st) st = (*transport)->flush(0, timeout);
+    out["failed_after_ms"] = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
+    if (st) {
+      out["error"] = "a write to an unreachable GID was acknowledged";
+      return report(out, 1);
+    }
+    return fail("write", st.error());
+  }
 
   // The source is our memory registered (register_memory), the target memory the transport
   // allocates (allocate_memory, what preflight uses): both paths carry the writes.
