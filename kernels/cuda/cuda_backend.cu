@@ -228,6 +228,15 @@ Status CudaExecutor::init() {
     TL_CUDA_TRY(cudaEventCreateWithFlags(&bucket_ready_[b], cudaEventDisableTiming), "event");
     TL_CUDA_TRY(cudaEventCreateWithFlags(&bucket_done_[b], cudaEventDisableTiming), "event");
   }
+  if (options_.profile_ops && options_.mode == ExecutionMode::op_by_op) {
+    op_start_.assign(g.ops.size(), nullptr);
+    op_end_.assign(g.ops.size(), nullptr);
+    op_recorded_.assign(g.ops.size(), 0);
+    for (std::size_t i = 0; i < g.ops.size(); ++i) {
+      TL_CUDA_TRY(cudaEventCreate(&op_start_[i]), "profile event");
+      TL_CUDA_TRY(cudaEventCreate(&op_end_[i]), "profile event");
+    }
+  }
   AdamWSettings defaults;
   write_scalars(defaults, 1);
   host_scalars_[kLossScale] =
@@ -240,6 +249,10 @@ CudaExecutor::~CudaExecutor() {
   if (stream_ != nullptr) cudaStreamSynchronize(stream_);
   if (comm_stream_ != nullptr) cudaStreamSynchronize(comm_stream_);
   for (auto& [key, exec] : graphs_) cudaGraphExecDestroy(exec);
+  for (auto e : op_start_)
+    if (e != nullptr) cudaEventDestroy(e);
+  for (auto e : op_end_)
+    if (e != nullptr) cudaEventDestroy(e);
   for (auto e : bucket_ready_)
     if (e != nullptr) cudaEventDestroy(e);
   for (auto e : bucket_done_)
@@ -464,7 +477,13 @@ Status CudaExecutor::enqueue_range(std::size_t begin, std::size_t end, bool comm
   bool joined = false;
   for (std::size_t i = begin; i < end; ++i) {
     if (i > begin && fused_with_next_[i - 1]) continue;  // ran with its crossentropy_forward
+    const bool profile = !op_start_.empty();
+    if (profile) TL_CUDA_TRY(cudaEventRecord(op_start_[i], stream_), "profile event");
     TL_STATUS_TRY(enqueue_op(i, communicate, fused_with_next_[i] && i + 1 < end, joined));
+    if (profile) {
+      TL_CUDA_TRY(cudaEventRecord(op_end_[i], stream_), "profile event");
+      op_recorded_[i] = 1;
+    }
   }
   return join_communication();
 }
@@ -655,6 +674,20 @@ Result<double> CudaExecutor::last_grad_norm() {
   auto v = values(plan_.graph.grad_norm);
   if (!v) return v.error();
   return static_cast<double>((*v)[0]);
+}
+
+Result<std::vector<double>> CudaExecutor::op_times_ms() {
+  if (op_start_.empty())
+    return make_error("cuda backend: op_times_ms needs profile_ops and op_by_op mode");
+  TL_CUDA_TRY(cudaStreamSynchronize(stream_), "synchronise");
+  std::vector<double> ms(op_start_.size(), 0.0);
+  for (std::size_t i = 0; i < ms.size(); ++i) {
+    if (!op_recorded_[i]) continue;
+    float f = 0;
+    TL_CUDA_TRY(cudaEventElapsedTime(&f, op_start_[i], op_end_[i]), "profile event");
+    ms[i] = f;
+  }
+  return ms;
 }
 
 DeviceMemory CudaExecutor::memory() const {

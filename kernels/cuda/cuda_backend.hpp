@@ -56,6 +56,9 @@ struct CudaExecutorOptions {
   // Fuse crossentropy_forward with the crossentropy_backward that directly follows it (one read of
   // the logits, dlogits written in place; the plan already gives both the same buffer).
   bool fuse_classifier = true;
+  // op_by_op only: CUDA events around every op, read back with op_times_ms() (where the step's
+  // time goes, by op).
+  bool profile_ops = false;
 };
 
 // Per-step figures of the device.
@@ -113,6 +116,9 @@ class CudaExecutor {
   Result<double> last_grad_norm();
 
   DeviceMemory memory() const;
+  // profile_ops: GPU milliseconds of each op of the plan in the last launch that ran it (0 for
+  // ops not run, or fused into the previous one). Synchronises.
+  Result<std::vector<double>> op_times_ms();
   // Kernel/memset/event nodes of the captured whole-step graph (0 before the first capture).
   std::size_t graph_nodes() const { return graph_nodes_; }
   std::size_t graphs_captured() const { return graphs_.size(); }
@@ -164,6 +170,8 @@ class CudaExecutor {
   std::map<RangeKey, int> eager_runs_;
   std::size_t graph_nodes_ = 0;
   double last_launch_host_ms_ = 0;
+  std::vector<cudaEvent_t> op_start_, op_end_;  // profile_ops
+  std::vector<std::uint8_t> op_recorded_;
 };
 
 }  // namespace topolaunch::kernels::cuda

@@ -4,8 +4,9 @@
 # repository root:
 #   MODE=test  tests/gpu/run_cuda_backend.sh   test_cuda_backend + the PyTorch reference of the
 #                                              small GPT + a short GPT-2 124M smoke run
-#   MODE=bench tests/gpu/run_cuda_backend.sh   gpt2_bench (B=16, 64, 8 graph vs op by op, B=64
-#                                              under 16 GiB) + gpt2_torch.py (eager, compile)
+#   MODE=bench tests/gpu/run_cuda_backend.sh   test_cuda_backend, then gpt2_bench (B=16, 64, 8
+#                                              graph vs op by op, B=64 under 16 GiB, op profile
+#                                              at B=16) + gpt2_torch.py (eager, compile)
 # Logs and JSON go to $OUT (default build-gpu-exec/out).
 set -uo pipefail
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
@@ -163,11 +164,16 @@ EOT
   exit $(( test_rc != 0 || ref_rc != 0 ))
 fi
 
+# Few files come back from the device: intermediates in $LOGS, the joined JSON lines in $OUT.
+LOGS=$(mktemp -d)
+echo "=== test_cuda_backend (the build being measured is the one tested)"
+"$BUILD/test_cuda_backend" > "$LOGS/test.log" 2>&1
+echo "test_cuda_backend exit status: $?"; grep -E "^FAIL|checks failed" "$LOGS/test.log"
 echo "=== gpt2_bench (ours)"
-"$BUILD/gpt2_bench" ${OURS_CONFIGS:-} 2>"$OUT/gpt2_bench.err" | tee "$OUT/gpt2_ours.jsonl"
-tail -5 "$OUT/gpt2_bench.err"
+"$BUILD/gpt2_bench" ${OURS_CONFIGS:-} 2>"$LOGS/gpt2_bench.err" | tee "$LOGS/gpt2_ours.jsonl"
+tail -5 "$LOGS/gpt2_bench.err"
 echo "=== gpt2_torch.py (eager, compile)"
-PYTHONUNBUFFERED=1 python3 tests/bench/kernels/gpt2_torch.py "$OUT/gpt2_ours.jsonl" \
-  ${TORCH_BATCHES:-16 64} 2>"$OUT/gpt2_torch.err" | tee "$OUT/gpt2_torch.jsonl"
-tail -5 "$OUT/gpt2_torch.err"
-cat "$OUT/gpt2_ours.jsonl" "$OUT/gpt2_torch.jsonl" > "$OUT/gpt2_bench.jsonl"
+PYTHONUNBUFFERED=1 python3 tests/bench/kernels/gpt2_torch.py "$LOGS/gpt2_ours.jsonl" \
+  ${TORCH_BATCHES:-16 64} 2>"$LOGS/gpt2_torch.err" | tee "$LOGS/gpt2_torch.jsonl"
+tail -5 "$LOGS/gpt2_torch.err"
+cat "$LOGS/gpt2_ours.jsonl" "$LOGS/gpt2_torch.jsonl" > "$OUT/gpt2_bench.jsonl"

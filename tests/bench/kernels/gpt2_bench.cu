@@ -15,6 +15,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -33,6 +34,7 @@ constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
 struct Config {
   int batch = 16;
   bool graph = true;
+  bool profile = false;  // op by op with CUDA events around every op: time by op kind
   double budget_gib = 0;
 };
 
@@ -44,7 +46,8 @@ Config parse(const std::string& s) {
     const auto b = s.find(':', a + 1);
     const std::string mode =
         s.substr(a + 1, b == std::string::npos ? std::string::npos : b - a - 1);
-    c.graph = mode != "op_by_op";
+    c.graph = mode != "op_by_op" && mode != "profile";
+    c.profile = mode == "profile";
     if (b != std::string::npos) c.budget_gib = std::atof(s.substr(b + 1).c_str());
   }
   return c;
@@ -91,6 +94,7 @@ int run(const Config& cfg) {
   const std::size_t used0 = used_bytes();
   gpu::CudaExecutorOptions opt;
   opt.mode = cfg.graph ? gpu::ExecutionMode::graph : gpu::ExecutionMode::op_by_op;
+  opt.profile_ops = cfg.profile;
   auto ex_r = gpu::CudaExecutor::create(*plan, opt);
   if (!ex_r) {
     std::printf("{\"bench\":\"gpt2_train\",\"batch\":%d,\"error\":\"%s\"}\n", cfg.batch,
@@ -172,13 +176,41 @@ int run(const Config& cfg) {
       "\"extra_compute_pct\":%.2f,\"graph_nodes\":%zu,\"host_launch_ms_per_step\":%.3f,"
       "\"plan_s\":%.3f,\"first_step_s\":%.3f,\"loss_after_warmup\":%.4f,\"loss_last\":%.4f,"
       "\"grad_norm_last\":%.4f,\"timed_steps\":%d}\n",
-      cfg.batch, cfg.graph ? "graph" : "op_by_op", cfg.budget_gib, med, p90,
-      static_cast<double>(BT) / (med / 1e3), static_cast<double>(mp.arena_bytes) / kGiB,
+      cfg.batch, cfg.graph ? "graph" : (cfg.profile ? "profile_op_by_op" : "op_by_op"),
+      cfg.budget_gib, med, p90, static_cast<double>(BT) / (med / 1e3),
+      static_cast<double>(mp.arena_bytes) / kGiB,
       static_cast<double>(ex->plan().unconstrained.arena_bytes) / kGiB,
       static_cast<double>(mp.max_live_bytes) / kGiB, static_cast<double>(used) / kGiB,
       ex->plan().recompute.size(), 100.0 * ex->plan().extra_flops / ex->plan().step_flops,
       ex->graph_nodes(), host_enqueue_ms, plan_s, first_step_s, loss_warm, loss, norm, kTimedSteps);
   std::fflush(stdout);
+  if (cfg.profile) {
+    // The last step's GPU time by op kind (events around each op, launched op by op).
+    auto times = ex->op_times_ms();
+    if (!times) return 1;
+    const auto& ops = ex->plan().graph.ops;
+    std::map<std::string, std::pair<double, int>> by_kind;
+    double total = 0;
+    for (std::size_t i = 0; i < ops.size(); ++i) {
+      if ((*times)[i] <= 0) continue;
+      std::string kind(tk::op_name(ops[i].kind));
+      if (ops[i].phase == tk::Phase::recompute) kind += " (recompute)";
+      if (ops[i].kind == tk::OpKind::matmul_forward && ops[i].name == "lm_head") kind = "lm_head";
+      by_kind[kind].first += (*times)[i];
+      by_kind[kind].second += 1;
+      total += (*times)[i];
+    }
+    std::printf("{\"bench\":\"gpt2_op_profile\",\"batch\":%d,\"step_ops_ms\":%.3f,\"by_kind\":{",
+                cfg.batch, total);
+    bool first = true;
+    for (const auto& [kind, v] : by_kind) {
+      std::printf("%s\"%s\":{\"ms\":%.3f,\"ops\":%d}", first ? "" : ",", kind.c_str(), v.first,
+                  v.second);
+      first = false;
+    }
+    std::printf("}}\n");
+    std::fflush(stdout);
+  }
   for (auto& e : ev) cudaEventDestroy(e);
   return 0;
 }
@@ -189,7 +221,8 @@ int main(int argc, char** argv) {
   std::vector<Config> configs;
   for (int i = 1; i < argc; ++i) configs.push_back(parse(argv[i]));
   if (configs.empty())
-    for (const char* s : {"16:graph", "64:graph", "8:graph", "8:op_by_op", "64:graph:16"})
+    for (const char* s :
+         {"16:graph", "64:graph", "8:graph", "8:op_by_op", "64:graph:16", "16:profile"})
       configs.push_back(parse(s));
   cudaFree(nullptr);  // create the context before the baseline of memory in use
   int failures = 0;
