@@ -107,6 +107,50 @@ char dtype_letter(DType d) {
   return '?';
 }
 
+// dx = dy * gelu'(x): gelu_backward for a gradient whose first contribution this is (the plan's
+// zero before it is skipped: one write instead of a memset and a read-modify-write).
+__device__ __forceinline__ float gelu_derivative(float v) {
+  constexpr float kScale = 0.7978845608028654f;  // sqrt(2/pi), as kernels.cu
+  const float u = kScale * (v + 0.044715f * v * v * v);
+  const float th = tanhf(u);
+  const float du = kScale * (1.0f + 3.0f * 0.044715f * v * v);
+  return 0.5f * (1.0f + th) + 0.5f * v * (1.0f - th * th) * du;
+}
+struct alignas(16) Bf16x8 {
+  __nv_bfloat16 v[8];
+};
+__global__ void gelu_backward_overwrite8(Bf16x8* dx, const Bf16x8* dy, const Bf16x8* x,
+                                         std::int64_t n8) {
+  const std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x;
+  if (i >= n8) return;
+  const Bf16x8 xi = x[i], di = dy[i];
+  Bf16x8 out;
+#pragma unroll
+  for (int k = 0; k < 8; ++k)
+    out.v[k] =
+        __float2bfloat16(__bfloat162float(di.v[k]) * gelu_derivative(__bfloat162float(xi.v[k])));
+  dx[i] = out;
+}
+__global__ void gelu_backward_overwrite1(__nv_bfloat16* dx, const __nv_bfloat16* dy,
+                                         const __nv_bfloat16* x, std::int64_t n) {
+  const std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x;
+  if (i < n)
+    dx[i] = __float2bfloat16(__bfloat162float(dy[i]) * gelu_derivative(__bfloat162float(x[i])));
+}
+void gelu_backward_overwrite(__nv_bfloat16* dx, const __nv_bfloat16* dy, const __nv_bfloat16* x,
+                             std::int64_t n, cudaStream_t stream) {
+  auto aligned = [](const void* p) { return (reinterpret_cast<std::uintptr_t>(p) & 15u) == 0; };
+  if (n % 8 == 0 && aligned(dx) && aligned(dy) && aligned(x)) {
+    const std::int64_t n8 = n / 8;
+    gelu_backward_overwrite8<<<static_cast<unsigned>((n8 + 255) / 256), 256, 0, stream>>>(
+        reinterpret_cast<Bf16x8*>(dx), reinterpret_cast<const Bf16x8*>(dy),
+        reinterpret_cast<const Bf16x8*>(x), n8);
+  } else {
+    gelu_backward_overwrite1<<<static_cast<unsigned>((n + 255) / 256), 256, 0, stream>>>(dx, dy, x,
+                                                                                         n);
+  }
+}
+
 }  // namespace
 
 CudaExecutor::CudaExecutor(const Plan& plan, const CudaExecutorOptions& options,
@@ -215,6 +259,30 @@ Status CudaExecutor::init() {
       if (f.kind == OpKind::crossentropy_forward && b.kind == OpKind::crossentropy_backward &&
           f.inputs[0] == b.inputs[0] && f.inputs[1] == b.inputs[1] && f.vocab == b.vocab)
         fused_with_next_[i] = 1;
+    }
+  }
+  // A zero whose tensor is next touched by a gelu_backward writing it (not reading it): skip the
+  // memset and let the gelu_backward overwrite instead of accumulate.
+  skip_zero_.assign(g.ops.size(), 0);
+  overwrite_.assign(g.ops.size(), 0);
+  if (options_.overwrite_first_gradient) {
+    for (std::size_t k = 0; k < g.ops.size(); ++k) {
+      const Op& z = g.ops[k];
+      if (z.kind != OpKind::zero || z.outputs.size() != 1 || z.phase == Phase::optimizer) continue;
+      const TensorId t = z.outputs[0];
+      for (std::size_t j = k + 1; j < g.ops.size(); ++j) {
+        const Op& o = g.ops[j];
+        const bool reads =
+            std::find(o.inputs.begin(), o.inputs.end(), t) != o.inputs.end() || o.workspace == t;
+        const bool writes = std::find(o.outputs.begin(), o.outputs.end(), t) != o.outputs.end();
+        if (!reads && !writes) continue;
+        if (o.kind == OpKind::gelu_backward && writes && !reads && o.outputs.size() == 1 &&
+            o.phase == z.phase) {
+          skip_zero_[k] = 1;
+          overwrite_[j] = 1;
+        }
+        break;
+      }
     }
   }
   master_of_.assign(g.tensors.size(), kNoTensor);
@@ -587,7 +655,12 @@ Status CudaExecutor::enqueue_op(std::size_t index, bool communicate, bool fuse, 
       gelu_forward(B(op.outputs[0]), B(op.inputs[0]), el(op.inputs[0]), stream_);
       break;
     case OpKind::gelu_backward:
-      gelu_backward(B(op.outputs[0]), B(op.inputs[0]), B(op.inputs[1]), el(op.inputs[0]), stream_);
+      if (overwrite_[index])
+        gelu_backward_overwrite(B(op.outputs[0]), B(op.inputs[0]), B(op.inputs[1]),
+                                el(op.inputs[0]), stream_);
+      else
+        gelu_backward(B(op.outputs[0]), B(op.inputs[0]), B(op.inputs[1]), el(op.inputs[0]),
+                      stream_);
       break;
     case OpKind::residual_forward:
       residual_forward(B(op.outputs[0]), B(op.inputs[0]), B(op.inputs[1]), el(op.inputs[0]),
@@ -617,6 +690,7 @@ Status CudaExecutor::enqueue_op(std::size_t index, bool communicate, bool fuse, 
       break;
     }
     case OpKind::zero:
+      if (skip_zero_[index]) break;  // its tensor's first writer overwrites
       for (auto t : op.outputs) {
         err = cudaMemsetAsync(device_pointer(t), 0, g[t].bytes(), stream_);
         if (err != cudaSuccess) break;

@@ -56,6 +56,9 @@ struct CudaExecutorOptions {
   // Fuse crossentropy_forward with the crossentropy_backward that directly follows it (one read of
   // the logits, dlogits written in place; the plan already gives both the same buffer).
   bool fuse_classifier = true;
+  // Skip the plan's zero of a gradient whose first writer can overwrite it instead of
+  // accumulating (gelu_backward now): saves a memset and a read per such gradient.
+  bool overwrite_first_gradient = true;
   // op_by_op only: CUDA events around every op, read back with op_times_ms() (where the step's
   // time goes, by op).
   bool profile_ops = false;
@@ -145,8 +148,9 @@ class CudaExecutor {
   cudaStream_t comm_stream_ = nullptr;
   std::unique_ptr<Matmul> matmul_;
   std::size_t first_optimizer_op_ = 0, first_backward_op_ = 0;
-  std::vector<std::uint8_t> fused_with_next_;  // crossentropy forward+backward pairs
-  std::vector<TensorId> master_of_;            // parameter -> fp32 master copy (or kNoTensor)
+  std::vector<std::uint8_t> fused_with_next_;        // crossentropy forward+backward pairs
+  std::vector<std::uint8_t> skip_zero_, overwrite_;  // overwrite_first_gradient
+  std::vector<TensorId> master_of_;                  // parameter -> fp32 master copy (or kNoTensor)
   std::vector<cudaEvent_t> bucket_ready_, bucket_done_;
   std::vector<std::size_t> issued_buckets_;  // issued in the range being enqueued, not yet joined
 
