@@ -255,8 +255,13 @@ def main():
     a = ap.parse_args()
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
-    check_prerequisites()
     cache, out = os.path.abspath(a.cache), os.path.abspath(a.out)
+    # A fresh out dir per attempt; attempt.json (written on every way out, below) tells the
+    # checks that this attempt is over, so a failed boot is reported, not retried by each check.
+    shutil.rmtree(out, ignore_errors=True)
+    os.makedirs(out)
+    ATTEMPT["path"] = os.path.join(out, "attempt.json")
+    check_prerequisites()
     script = os.path.abspath(a.script)
     os.makedirs(cache, exist_ok=True)
     t0 = time.monotonic()
@@ -268,8 +273,6 @@ def main():
     prepared = time.monotonic() - t0
     print(f"qemu_guest: {package} ({version}), initramfs {os.path.getsize(initrd)} B, "
           f"prepared in {prepared:.1f} s", flush=True)
-    shutil.rmtree(out, ignore_errors=True)
-    os.makedirs(out)
     with open(os.path.join(out, "guest.env"), "w") as f:
         f.write(f"TL_OUT='{out}'\nTL_SCRIPT='{script}'\nexport TL_OUT TL_SCRIPT\n")
         for kv in a.env:
@@ -289,8 +292,19 @@ def main():
     return 0
 
 
+ATTEMPT = {"path": None}
+
+
 if __name__ == "__main__":
+    status = 1
     try:
-        sys.exit(main())
+        status = main()
     except Terminated as e:
-        fail(f"terminated ({e}); qemu killed")
+        print(f"qemu_guest: terminated ({e}); qemu killed", file=sys.stderr, flush=True)
+    except SystemExit as e:
+        status = e.code if isinstance(e.code, int) else 1
+    finally:
+        if ATTEMPT["path"]:
+            with open(ATTEMPT["path"], "w") as f:
+                f.write(f'{{"exit": {status}}}\n')
+    sys.exit(status)
