@@ -145,7 +145,12 @@ if [ "$RUN_DDP" = 1 ]; then
   if [ $SECONDS -lt "${TORCH_DDP_START_BY_S:-230}" ]; then
     echo "=== ddp_gpt2_torch.py (PyTorch DDP + torch.compile) (at ${SECONDS} s)"
     ours=$OUT/ddp_ours.json; [ -s "$ours" ] || ours=none
-    DDP_TORCH_RAW=$OUT/ddp_torch_raw.json PYTHONUNBUFFERED=1 timeout "${TORCH_DDP_TIMEOUT_S:-200}" python3 "$SRC/tests/bench/kernels/ddp_gpt2_torch.py" \
+    # DEADLINE_S: the whole run's limit (the device call's); PyTorch stops 5 s before it.
+    torch_timeout=${TORCH_DDP_TIMEOUT_S:-200}
+    if [ -n "${DEADLINE_S:-}" ] && [ $((DEADLINE_S - SECONDS - 5)) -lt "$torch_timeout" ]; then
+      torch_timeout=$((DEADLINE_S - SECONDS - 5))
+    fi
+    DDP_TORCH_RAW=$OUT/ddp_torch_raw.json PYTHONUNBUFFERED=1 timeout "$torch_timeout" python3 "$SRC/tests/bench/kernels/ddp_gpt2_torch.py" \
       "$ours" "${DDP_BATCH:-64}" 1024 20 > "$OUT/ddp_gpt2.json" 2>> "$OUT/errors.log"
     echo "ddp_gpt2_torch exit status: $?"; cat "$OUT/ddp_gpt2.json"
   else
