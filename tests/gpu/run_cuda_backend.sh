@@ -15,7 +15,18 @@ OUT=${OUT:-build-gpu-exec/out}
 BUILD=build-gpu-exec
 mkdir -p "$BUILD" "$OUT"
 NVCC=${NVCC:-/usr/local/cuda/bin/nvcc}
-INC=(-Ikernels/include -Itopology/include -Ikernels/cpu -Ikernels/cuda)
+# USE_COMMITTED_KERNELS=1: build the other engineers' kernels (kernels.cu, matmul.*, attention.*,
+# cuda_kernels.cuh) as committed (carried in .carry-cudaexec/committed/), not their working copies,
+# so that measured figures belong to a commit.
+CUDA_SRC=kernels/cuda
+if [ "${USE_COMMITTED_KERNELS:-0}" = 1 ]; then
+  CUDA_SRC=$BUILD/src
+  rm -rf "$CUDA_SRC"; mkdir -p "$CUDA_SRC"
+  cp kernels/cuda/*.cu kernels/cuda/*.cuh kernels/cuda/*.hpp kernels/cuda/*.cpp "$CUDA_SRC"/
+  cp .carry-cudaexec/committed/* "$CUDA_SRC"/
+  echo "using the committed kernels.cu, matmul.*, attention.*, cuda_kernels.cuh"
+fi
+INC=(-Ikernels/include -Itopology/include -Ikernels/cpu -I"$CUDA_SRC")
 NVFLAGS=(-std=c++20 -O2 -gencode=arch=compute_90,code=sm_90 --extended-lambda "${INC[@]}")
 CXXFLAGS=(-std=c++20 -O3 -fopenmp "${INC[@]}")
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,memory.total --format=csv \
@@ -30,8 +41,8 @@ build() {
     objs+=("$o")
     g++ "${CXXFLAGS[@]}" -c "$src" -o "$o" & pids+=($!)
   done
-  for src in kernels/cuda/kernels.cu kernels/cuda/matmul.cu kernels/cuda/attention.cu \
-             kernels/cuda/cuda_backend.cu tests/gpu/test_cuda_backend.cu \
+  for src in "$CUDA_SRC"/kernels.cu "$CUDA_SRC"/matmul.cu "$CUDA_SRC"/attention.cu \
+             "$CUDA_SRC"/cuda_backend.cu tests/gpu/test_cuda_backend.cu \
              tests/bench/kernels/gpt2_bench.cu; do
     "$NVCC" "${NVFLAGS[@]}" -c "$src" -o "$BUILD/$(basename "$src").o" & pids+=($!)
   done
@@ -81,7 +92,7 @@ build_worker() {
   for src in kernels/src/graph.cpp kernels/src/plan.cpp kernels/src/job.cpp kernels/src/data.cpp \
              kernels/src/checkpoint.cpp kernels/src/communicator_tcp.cpp \
              kernels/src/communicator_ucx_stub.cpp kernels/src/worker.cpp \
-             kernels/src/worker_main.cpp kernels/cpu/cpu_backend.cpp kernels/cuda/cuda_worker.cpp; do
+             kernels/src/worker_main.cpp kernels/cpu/cpu_backend.cpp "$CUDA_SRC"/cuda_worker.cpp; do
     local o="$BUILD/w_$(basename "$src").o"
     objs+=("$o")
     g++ "${CXXFLAGS[@]}" -DTOPOLAUNCH_WITH_CUDA=1 -I.carry-cudaexec/include \
@@ -99,7 +110,7 @@ build_worker() {
 # build-gpu-exec/ between calls).
 SOURCES=(kernels/src/*.cpp kernels/include/topolaunch/kernels/*.hpp kernels/cpu/* kernels/cuda/*
          tests/gpu/test_cuda_backend.cu tests/bench/kernels/gpt2_bench.cu)
-STAMP=$(cat "${SOURCES[@]}" | md5sum | cut -d' ' -f1)
+STAMP=$(cat "${SOURCES[@]}" | md5sum | cut -d' ' -f1)-committed${USE_COMMITTED_KERNELS:-0}
 if [ -x "$BUILD/gpt2_bench" ] && [ -x "$BUILD/test_cuda_backend" ] && \
    [ "$(cat "$BUILD/stamp" 2>/dev/null)" = "$STAMP" ]; then
   echo "build-gpu-exec is up to date ($STAMP)" | tee "$OUT/build.log"
