@@ -168,13 +168,9 @@ class UcxTransport final : public Transport {
     // unpacked for this peer instead of looking the packed bytes up in the map every time.
     ucp_rkey_h rkey = p.last_rkey && p.last_packed_key == remote.packed_key ? p.last_rkey : nullptr;
     if (!rkey) {
-      auto& cached = p.rkeys[remote.packed_key];
-      if (!cached)
-        if (ucs_status_t s = ucp_ep_rkey_unpack(p.ep, remote.packed_key.data(), &cached);
-            s != UCS_OK)
-          return make_error(
-              fmt::format("ucx: memory key of rank {} unusable: {}", peer, status_text(s)), 2);
-      rkey = p.last_rkey = cached;
+      auto cached = unpack(p, peer, remote);
+      if (!cached) return cached.error();
+      rkey = p.last_rkey = *cached;
       p.last_packed_key = remote.packed_key;
     }
     ucp_request_param_t param{};
@@ -217,6 +213,33 @@ class UcxTransport final : public Transport {
       ucp_worker_progress(w_.worker.get());
     }
     return ok_status();
+  }
+
+  Status prepare_remote(int peer, const RemoteMemory& remote) override {
+    auto it = peers_.find(peer);
+    if (it == peers_.end())
+      return make_error(fmt::format("ucx: rank {} is not connected", peer), 1);
+    auto rkey = unpack(*it->second, peer, remote);
+    if (!rkey) return rkey.error();
+    return ok_status();
+  }
+
+  // Unpacking a posix (shared memory) key opens the owner's /proc/<pid>/fd/<n>: if the owner is
+  // gone, UCX 1.13 logs "failed to unpack remote key" and then crashes in its own cleanup
+  // (uct_posix_rkey_release on a NULL handle, seen in rdma_preflight_peer_dies_shm). So keys are
+  // unpacked in prepare_remote() during connectivity, while the peer is alive, and a peer known
+  // to have failed is refused here before UCX is asked.
+  Result<ucp_rkey_h> unpack(Peer& p, int peer, const RemoteMemory& remote) {
+    auto& cached = p.rkeys[remote.packed_key];
+    if (cached) return cached;
+    if (p.failure != UCS_OK)
+      return make_error(fmt::format("ucx: rank {} failed: {}", peer, status_text(p.failure)), 3);
+    if (ucs_status_t s = ucp_ep_rkey_unpack(p.ep, remote.packed_key.data(), &cached); s != UCS_OK) {
+      p.rkeys.erase(remote.packed_key);
+      return make_error(
+          fmt::format("ucx: memory key of rank {} unusable: {}", peer, status_text(s)), 2);
+    }
+    return cached;
   }
 
   Status flush(int peer, std::chrono::milliseconds timeout) override {

@@ -71,6 +71,11 @@ class Transport {
   virtual Status write(int peer, const LocalMemory& local, std::size_t offset,
                        const RemoteMemory& remote, std::size_t remote_offset,
                        std::size_t bytes) = 0;
+  // Gets ready to write into `remote` of `peer` (UCX: unpacks the memory key now, while the peer
+  // is known to be alive; see ucx_transport.cpp). Optional: write() does it on first use.
+  virtual Status prepare_remote(int /*peer*/, const RemoteMemory& /*remote*/) {
+    return ok_status();
+  }
   // Waits until every write to `peer` is complete at the peer (or fails naming it).
   virtual Status flush(int peer, std::chrono::milliseconds timeout) = 0;
   // Lets the transport make progress (UCX over tcp needs the target to progress too).
