@@ -38,16 +38,36 @@ class Matmul {
                                  const __nv_bfloat16* w, std::int64_t N, std::int64_t C,
                                  std::int64_t OC, cudaStream_t stream);
 
+  // GELU fused into the GEMM's epilogue (CUBLASLT_EPILOGUE_GELU_AUX[_BIAS], tanh GELU):
+  // pre (N,OC) = x @ w^T + bias (the GELU input, kept for the backward), y (N,OC) = gelu(pre);
+  // bias may be null. OC % 8 == 0 (cuBLASLt's rule for the auxiliary matrix).
+  cublasStatus_t matmul_forward_gelu(__nv_bfloat16* y, __nv_bfloat16* pre, const __nv_bfloat16* x,
+                                     const __nv_bfloat16* w, const __nv_bfloat16* bias,
+                                     std::int64_t N, std::int64_t C, std::int64_t OC,
+                                     cudaStream_t stream);
+  // The backward of y = gelu(pre) @ w^T + bias with GELU's derivative fused into the dx GEMM
+  // (CUBLASLT_EPILOGUE_DGELU): dpre (N,C) = (dy @ w) * gelu'(pre), OVERWRITTEN (not +=, unlike
+  // matmul_backward's dx); dw (fp32) += dy^T @ gelu(pre) where x = gelu(pre) is passed in;
+  // dbias += column sums of dy (when not null). C % 8 == 0.
+  cublasStatus_t matmul_backward_dgelu(__nv_bfloat16* dpre, float* dw, float* dbias,
+                                       const __nv_bfloat16* dy, const __nv_bfloat16* x,
+                                       const __nv_bfloat16* pre, const __nv_bfloat16* w,
+                                       std::int64_t N, std::int64_t C, std::int64_t OC,
+                                       cudaStream_t stream);
+
  private:
   struct Gemm;  // one cached descriptor set
   // D (m,n, column-major) = alpha op(A) op(B) + beta C; C and D are the same buffer.
+  // aux (bf16, leading dimension ldd): the GELU input written (GELU_AUX) or read (DGELU).
   cublasStatus_t gemm(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k,
                       const void* a, std::int64_t lda, const void* b, std::int64_t ldb, void* d,
                       std::int64_t ldd, cudaDataType_t d_type, float beta, const void* bias,
-                      cudaStream_t stream);
+                      cudaStream_t stream,
+                      cublasLtEpilogue_t gelu_epilogue = CUBLASLT_EPILOGUE_DEFAULT,
+                      const void* aux = nullptr);
 
   using Key = std::tuple<bool, bool, std::int64_t, std::int64_t, std::int64_t, std::int64_t,
-                         std::int64_t, std::int64_t, int, bool>;
+                         std::int64_t, std::int64_t, int, bool, int>;
   std::map<Key, std::unique_ptr<Gemm>> cache_;
   cublasLtHandle_t handle_ = nullptr;
   void* workspace_ = nullptr;

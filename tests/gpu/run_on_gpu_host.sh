@@ -69,23 +69,47 @@ fi
 "$NVCC" "${FLAGS[@]}" -c kernels/cuda/matmul.cu -o "$BUILD/matmul.o" &
 "$NVCC" "${FLAGS[@]}" -c tests/gpu/test_cuda_kernels.cu -o "$BUILD/test.o" 2>/dev/null &
 "$NVCC" "${FLAGS[@]}" -c tests/bench/kernels/gpu_layer_bench.cu -o "$BUILD/bench.o" &
+# BASELINE_DIR=dir with an earlier kernels.cu and matmul.cu (and the headers they were written
+# against): gpu_layer_bench is also built against those, so that the kernels' before/after
+# timings come from the same run (the bench built with -DTL_BENCH_BASELINE_API leaves out what
+# the earlier API lacks).
+if [ -n "${BASELINE_DIR:-}" ]; then
+  "$NVCC" -I"$BASELINE_DIR" "${FLAGS[@]}" -c "$BASELINE_DIR/kernels.cu" -o "$BUILD/kernels_before.o" &
+  "$NVCC" -I"$BASELINE_DIR" "${FLAGS[@]}" -c "$BASELINE_DIR/matmul.cu" -o "$BUILD/matmul_before.o" &
+  "$NVCC" -I"$BASELINE_DIR" "${FLAGS[@]}" -DTL_BENCH_BASELINE_API \
+    -c tests/bench/kernels/gpu_layer_bench.cu -o "$BUILD/bench_before.o" &
+fi
 wait
 "$NVCC" "${FLAGS[@]}" "$BUILD/test.o" "$BUILD/kernels.o" "$BUILD/matmul.o" -lcublasLt \
   -o "$BUILD/test_cuda_kernels" || { echo "build of test_cuda_kernels failed"; exit 3; }
 "$NVCC" "${FLAGS[@]}" "$BUILD/bench.o" "$BUILD/kernels.o" "$BUILD/matmul.o" -lcublasLt \
   -o "$BUILD/gpu_layer_bench" || { echo "build of gpu_layer_bench failed"; exit 3; }
+if [ -n "${BASELINE_DIR:-}" ]; then
+  "$NVCC" "${FLAGS[@]}" "$BUILD/bench_before.o" "$BUILD/kernels_before.o" "$BUILD/matmul_before.o" \
+    -lcublasLt -o "$BUILD/gpu_layer_bench_before" || echo "build of gpu_layer_bench_before failed"
+fi
 echo "=== test_cuda_kernels"
 "$BUILD/test_cuda_kernels" 2>&1 | tee "$OUT/test_cuda_kernels.log"
 test_rc=${PIPESTATUS[0]}
 echo "test_cuda_kernels exit status: $test_rc"
 echo "=== gpu_layer_bench B=16 T=1024"
 "$BUILD/gpu_layer_bench" 16 1024 | tee "$OUT/gpu_layer_ours.json" || exit 4
+before_json=()
+if [ -x "$BUILD/gpu_layer_bench_before" ]; then
+  echo "=== gpu_layer_bench (kernels of $BASELINE_DIR) B=16 T=1024"
+  "$BUILD/gpu_layer_bench_before" 16 1024 > "$OUT/gpu_layer_ours_before.json" \
+    && before_json=("$OUT/gpu_layer_ours_before.json")
+fi
 echo "=== gpu_layer_torch B=16 T=1024"
 PYTHONUNBUFFERED=1 python3 tests/bench/kernels/gpu_layer_torch.py "$OUT/gpu_layer_ours.json" 16 1024 \
-  > "$OUT/gpu_layer_bench.json" 2> "$OUT/gpu_layer_torch.err"
+  "${before_json[@]}" > "$OUT/gpu_layer_bench.json" 2> "$OUT/gpu_layer_torch.err"
 torch_rc=$?
 cat "$OUT/gpu_layer_bench.json"
 [ $torch_rc -eq 0 ] || tail -20 "$OUT/gpu_layer_torch.err"
+# ONLY=kernels: the kernel tests and benchmarks above, without the attention part
+if [ "${ONLY:-}" = kernels ]; then
+  exit "$test_rc"
+fi
 run_attention
 attention_rc=$?
 [ "$test_rc" -ne 0 ] || test_rc=$attention_rc

@@ -135,8 +135,9 @@ void compare(const std::string& name, const Vec& got, const Vec& ref, double rto
 constexpr double kBf16Rtol = 1.0 / 64;  // a few bf16 ulps (2^-8) on outputs stored in bf16
 constexpr double kBf16Atol = 1.0 / 256;
 
-void test_encoder(std::mt19937& rng) {
-  const std::int64_t B = 4, T = 64, C = 768, V = 97;  // small V: many repeated tokens
+void test_encoder(std::mt19937& rng, std::int64_t C) {
+  const std::int64_t B = 4, T = 64, V = 97;  // small V: many repeated tokens
+  const std::string shape = " C=" + std::to_string(C);
   std::uniform_int_distribution<std::int32_t> tok(0, V - 1);
   std::vector<std::int32_t> tokens(B * T);
   for (auto& t : tokens) t = tok(rng);
@@ -147,7 +148,7 @@ void test_encoder(std::mt19937& rng) {
   std::unique_ptr<Dev<bf16>> dwte(upload_bf16(wte)), dwpe(upload_bf16(wpe)),
       dout(new Dev<bf16>(B * T * C));
   gpu::encoder_forward(dout->p, dtok->p, dwte->p, dwpe->p, B, T, C, nullptr);
-  compare("encoder_forward", download(*dout), out_ref, kBf16Rtol, kBf16Atol);
+  compare("encoder_forward" + shape, download(*dout), out_ref, kBf16Rtol, kBf16Atol);
 
   const Vec dy = random_vec(rng, B * T * C, -1, 1, true);
   Vec gwte = random_vec(rng, V * C, -1, 1, false), gwpe = random_vec(rng, T * C, -1, 1, false);
@@ -155,8 +156,8 @@ void test_encoder(std::mt19937& rng) {
   std::unique_ptr<Dev<bf16>> ddy(upload_bf16(dy));
   cpu::encoder_backward(gwte.data(), gwpe.data(), dy.data(), tokens.data(), B, T, C);
   gpu::encoder_backward(dgwte->p, dgwpe->p, ddy->p, dtok->p, B, T, C, nullptr);
-  compare("encoder_backward dwte (fp32, +=)", download(*dgwte), gwte, 1e-5, 1e-6);
-  compare("encoder_backward dwpe (fp32, +=)", download(*dgwpe), gwpe, 1e-5, 1e-6);
+  compare("encoder_backward dwte (fp32, +=)" + shape, download(*dgwte), gwte, 1e-5, 1e-6);
+  compare("encoder_backward dwpe (fp32, +=)" + shape, download(*dgwpe), gwpe, 1e-5, 1e-6);
 }
 
 void test_layernorm(std::mt19937& rng, std::int64_t N, std::int64_t C) {
@@ -230,10 +231,16 @@ void test_elementwise(std::mt19937& rng, std::int64_t n) {
   gpu::residual_backward(dda->p, ddb->p, ddy->p, n, nullptr);
   compare("residual_backward da (+=)" + shape, download(*dda), da, kBf16Rtol, kBf16Atol);
   compare("residual_backward db (+=)" + shape, download(*ddb), db, kBf16Rtol, kBf16Atol);
+  // da == db (both gradients into one buffer): each element gets dy twice
+  cpu::residual_backward(da.data(), da.data(), dy.data(), n);
+  gpu::residual_backward(dda->p, dda->p, ddy->p, n, nullptr);
+  compare("residual_backward da == db (+= twice)" + shape, download(*dda), da, kBf16Rtol,
+          kBf16Atol);
 }
 
-void test_classifier(std::mt19937& rng) {
-  const std::int64_t N = 64, V = 50257, Vp = 50304;
+void test_classifier(std::mt19937& rng, std::int64_t N, std::int64_t V, std::int64_t Vp) {
+  const std::string shape =
+      " N=" + std::to_string(N) + " V=" + std::to_string(V) + " Vp=" + std::to_string(Vp);
   const Vec logits = random_vec(rng, N * Vp, -6, 6, true);
   std::uniform_int_distribution<std::int32_t> tok(0, static_cast<std::int32_t>(V - 1));
   std::vector<std::int32_t> targets(N);
@@ -246,29 +253,38 @@ void test_classifier(std::mt19937& rng) {
   std::unique_ptr<Dev<std::int32_t>> dt(upload(targets));
   std::unique_ptr<Dev<float>> dloss(new Dev<float>(N)), dscale(upload(Vec{scale}));
   gpu::crossentropy_forward(dloss->p, dl->p, dt->p, N, V, Vp, nullptr);
-  compare("crossentropy_forward losses", download(*dloss), losses, 1e-5, 1e-6);
+  compare("crossentropy_forward losses" + shape, download(*dloss), losses, 1e-5, 1e-6);
   gpu::crossentropy_backward(dd->p, dl->p, dt->p, dscale->p, N, V, Vp, nullptr);
-  compare("crossentropy_backward dlogits", download(*dd), dlogits, kBf16Rtol, 1e-3);
+  compare("crossentropy_backward dlogits" + shape, download(*dd), dlogits, kBf16Rtol, 1e-3);
   // fused, in place (dlogits overwrite the logits)
   check_cuda(cudaMemset(dloss->p, 0, N * sizeof(float)), "memset");
   gpu::crossentropy_forward_backward(dloss->p, dl->p, dl->p, dt->p, dscale->p, N, V, Vp, nullptr);
-  compare("crossentropy_forward_backward losses (in place)", download(*dloss), losses, 1e-5, 1e-6);
-  compare("crossentropy_forward_backward dlogits (in place)", download(*dl), dlogits, kBf16Rtol,
-          1e-3);
+  compare("crossentropy_forward_backward losses (in place)" + shape, download(*dloss), losses, 1e-5,
+          1e-6);
+  compare("crossentropy_forward_backward dlogits (in place)" + shape, download(*dl), dlogits,
+          kBf16Rtol, 1e-3);
 }
 
-void test_adamw(std::mt19937& rng) {
-  const std::int64_t n = 1 << 20;
+// offset > 0 starts every buffer `offset` floats into its allocation (unaligned: scalar path).
+void test_adamw(std::mt19937& rng, std::int64_t n, std::int64_t offset) {
+  const std::string shape = " n=" + std::to_string(n) + " offset=" + std::to_string(offset);
   Vec p = random_vec(rng, n, -1, 1, false), m = random_vec(rng, n, -0.01f, 0.01f, false),
       v = random_vec(rng, n, 0, 1e-4f, false), grad = random_vec(rng, n, -0.01f, 0.01f, false);
   // global norm over the gradient: the CPU twin sums in double, the GPU in fp32 atomics
   const double norm_ref = std::sqrt(cpu::sum_of_squares(grad.data(), n));
-  std::unique_ptr<Dev<float>> dp(upload(p)), dm(upload(m)), dv(upload(v)), dg(upload(grad)),
-      dnorm(new Dev<float>(1));
+  // each buffer holds `offset` leading zeros before the n values the kernels see
+  auto padded = [&](const Vec& x) {
+    Vec out(offset, 0.0f);
+    out.insert(out.end(), x.begin(), x.end());
+    return out;
+  };
+  auto unpadded = [&](const Vec& x) { return Vec(x.begin() + offset, x.end()); };
+  std::unique_ptr<Dev<float>> dp(upload(padded(p))), dm(upload(padded(m))), dv(upload(padded(v))),
+      dg(upload(padded(grad))), dnorm(new Dev<float>(1));
   check_cuda(cudaMemset(dnorm->p, 0, sizeof(float)), "memset");
-  gpu::sum_of_squares(dnorm->p, dg->p, n, nullptr);
+  gpu::sum_of_squares(dnorm->p, dg->p + offset, n, nullptr);
   gpu::sqrt_in_place(dnorm->p, nullptr);
-  compare("global norm (sum_of_squares + sqrt)", download(*dnorm),
+  compare("global norm (sum_of_squares + sqrt)" + shape, download(*dnorm),
           Vec{static_cast<float>(norm_ref)}, 1e-5, 0);
 
   namespace tk = topolaunch::kernels;
@@ -281,7 +297,7 @@ void test_adamw(std::mt19937& rng) {
   sc[tk::kStep] = 3;
   sc[tk::kGradClip] = static_cast<float>(norm_ref / 2);  // clipping active
   std::unique_ptr<Dev<float>> dsc(upload(sc));
-  std::unique_ptr<Dev<bf16>> dpb(new Dev<bf16>(n));
+  std::unique_ptr<Dev<bf16>> dpb(new Dev<bf16>(n + offset));
   for (bool decayed : {true, false}) {
     cpu::AdamWScalars s{sc[tk::kLearningRate],
                         sc[tk::kBeta1],
@@ -291,13 +307,37 @@ void test_adamw(std::mt19937& rng) {
                         sc[tk::kStep],
                         0.5};
     cpu::adamw_update(p.data(), m.data(), v.data(), grad.data(), n, s, decayed);
-    gpu::adamw_update(dp->p, dpb->p, dm->p, dv->p, dg->p, n, dsc->p, dnorm->p, decayed, nullptr);
-    const std::string tag = decayed ? " (decayed)" : " (no decay)";
-    compare("adamw_update param" + tag, download(*dp), p, 1e-6, 1e-6);
-    compare("adamw_update m" + tag, download(*dm), m, 1e-5, 1e-6);
-    compare("adamw_update v" + tag, download(*dv), v, 1e-5, 1e-6);
-    compare("adamw_update bf16 copy" + tag, download(*dpb), p, 1.0 / 128, 0);
+    gpu::adamw_update(dp->p + offset, dpb->p + offset, dm->p + offset, dv->p + offset,
+                      dg->p + offset, n, dsc->p, dnorm->p, decayed, nullptr);
+    const std::string tag = (decayed ? " (decayed)" : " (no decay)") + shape;
+    compare("adamw_update param" + tag, unpadded(download(*dp)), p, 1e-6, 1e-6);
+    compare("adamw_update m" + tag, unpadded(download(*dm)), m, 1e-5, 1e-6);
+    compare("adamw_update v" + tag, unpadded(download(*dv)), v, 1e-5, 1e-6);
+    compare("adamw_update bf16 copy" + tag, unpadded(download(*dpb)), p, 1.0 / 128, 0);
   }
+  // the bf16 working copy alone (to_bf16), from the updated fp32 parameters
+  check_cuda(cudaMemset(dpb->p, 0, (n + offset) * sizeof(bf16)), "memset");
+  gpu::to_bf16(dpb->p + offset, dp->p + offset, n, nullptr);
+  Vec pb = unpadded(download(*dp));  // exact: rounding of the GPU's own fp32 values
+  for (auto& x : pb) x = round_bf16(x);
+  compare("to_bf16" + shape, unpadded(download(*dpb)), pb, 0, 0);
+}
+
+// bias_backward alone: dbias += column sums of dy (N, OC), reference summed in double.
+void test_bias_backward(std::mt19937& rng, std::int64_t N, std::int64_t OC) {
+  const std::string shape = " N=" + std::to_string(N) + " OC=" + std::to_string(OC);
+  const Vec dy = random_vec(rng, N * OC, -1, 1, true);
+  Vec dbias = random_vec(rng, OC, -1, 1, false);
+  std::unique_ptr<Dev<bf16>> ddy(upload_bf16(dy));
+  std::unique_ptr<Dev<float>> ddb(upload(dbias));
+  gpu::bias_backward(ddb->p, ddy->p, N, OC, nullptr);
+  for (std::int64_t c = 0; c < OC; ++c) {
+    double sum = 0;
+    for (std::int64_t r = 0; r < N; ++r) sum += dy[r * OC + c];
+    dbias[c] = static_cast<float>(dbias[c] + sum);
+  }
+  // fp32 partial sums of up to N terms of magnitude <= 1: absolute error ~ sqrt(N) * 2^-24 * N
+  compare("bias_backward (fp32, +=)" + shape, download(*ddb), dbias, 1e-5, 1e-5);
 }
 
 void test_matmul(std::mt19937& rng, gpu::Matmul& mm, std::int64_t N, std::int64_t C,
@@ -339,6 +379,63 @@ void test_matmul(std::mt19937& rng, gpu::Matmul& mm, std::int64_t N, std::int64_
   compare("matmul_backward dbias (fp32, +=)" + shape, download(*dgb), gb, 1e-4, 1e-5);
 }
 
+// The GELU epilogues: y = gelu(x @ w^T + bias) with the pre-activation kept, and the backward
+// with gelu' fused into the dx GEMM (dpre overwritten).
+void test_matmul_gelu(std::mt19937& rng, gpu::Matmul& mm, std::int64_t N, std::int64_t C,
+                      std::int64_t OC) {
+  const std::string shape =
+      " N=" + std::to_string(N) + " C=" + std::to_string(C) + " OC=" + std::to_string(OC);
+  const Vec x = random_vec(rng, N * C, -1, 1, true), w = random_vec(rng, OC * C, -0.1f, 0.1f, true),
+            bias = random_vec(rng, OC, -1, 1, true);
+  Vec pre(N * OC), y(N * OC);
+  cpu::matmul_forward(pre.data(), x.data(), w.data(), bias.data(), N, C, OC);
+  cpu::gelu_forward(y.data(), pre.data(), N * OC);
+  std::unique_ptr<Dev<bf16>> dx(upload_bf16(x)), dw(upload_bf16(w)), db(upload_bf16(bias)),
+      dy(new Dev<bf16>(N * OC)), dpre(new Dev<bf16>(N * OC));
+  cublasStatus_t st =
+      mm.matmul_forward_gelu(dy->p, dpre->p, dx->p, dw->p, db->p, N, C, OC, nullptr);
+  ++g_checks;
+  if (st != CUBLAS_STATUS_SUCCESS) {
+    std::printf("FAIL matmul_forward_gelu%s: cublasLt status %d\n", shape.c_str(),
+                static_cast<int>(st));
+    ++g_failures;
+    return;
+  }
+  --g_checks;
+  compare("matmul_forward_gelu pre" + shape, download(*dpre), pre, kBf16Rtol, kBf16Atol);
+  compare("matmul_forward_gelu y" + shape, download(*dy), y, kBf16Rtol, kBf16Atol);
+
+  // backward of out = g @ w2^T with g = gelu(h): h (N,OC) is the GELU input, w2 (C2,OC)
+  const std::int64_t C2 = C;
+  const Vec h = random_vec(rng, N * OC, -3, 3, true),
+            w2 = random_vec(rng, C2 * OC, -0.1f, 0.1f, true),
+            dout = random_vec(rng, N * C2, -1, 1, true);
+  Vec g(N * OC);
+  cpu::gelu_forward(g.data(), h.data(), N * OC);
+  for (auto& v : g) v = round_bf16(v);
+  Vec dg(N * OC, 0.0f), dh(N * OC, 0.0f), gw = random_vec(rng, C2 * OC, -1, 1, false),
+                                          gb = random_vec(rng, C2, -1, 1, false);
+  std::unique_ptr<Dev<bf16>> dh_in(upload_bf16(h)), dg_in(upload_bf16(g)), dw2(upload_bf16(w2)),
+      ddout(upload_bf16(dout)), ddh(new Dev<bf16>(N * OC));
+  std::unique_ptr<Dev<float>> dgw(upload(gw)), dgb(upload(gb));
+  cpu::matmul_backward(dg.data(), gw.data(), gb.data(), dout.data(), g.data(), w2.data(), N, OC,
+                       C2);
+  cpu::gelu_backward(dh.data(), dg.data(), h.data(), N * OC);
+  st = mm.matmul_backward_dgelu(ddh->p, dgw->p, dgb->p, ddout->p, dg_in->p, dh_in->p, dw2->p, N, OC,
+                                C2, nullptr);
+  ++g_checks;
+  if (st != CUBLAS_STATUS_SUCCESS) {
+    std::printf("FAIL matmul_backward_dgelu%s: cublasLt status %d\n", shape.c_str(),
+                static_cast<int>(st));
+    ++g_failures;
+    return;
+  }
+  --g_checks;
+  compare("matmul_backward_dgelu dpre (=)" + shape, download(*ddh), dh, kBf16Rtol, kBf16Atol);
+  compare("matmul_backward_dgelu dw (fp32, +=)" + shape, download(*dgw), gw, 1e-4, 1e-5);
+  compare("matmul_backward_dgelu dbias (fp32, +=)" + shape, download(*dgb), gb, 1e-4, 1e-5);
+}
+
 }  // namespace
 
 int main() {
@@ -352,8 +449,12 @@ int main() {
   std::printf("device: %s (sm_%d%d, %d SMs)\n", prop.name, prop.major, prop.minor,
               prop.multiProcessorCount);
   std::mt19937 rng(1234);
-  test_encoder(rng);
+  test_encoder(rng, 768);
+  test_encoder(rng, 36);  // C % 8 != 0: scalar kernels
   test_layernorm(rng, 256, 768);
+  test_layernorm(rng, 4096, 768);  // many rows per warp in the backward, every block busy
+  test_layernorm(rng, 300, 1024);
+  test_layernorm(rng, 64, 200);   // C % 8 == 0 but fewer than 32 packs per row
   test_layernorm(rng, 37, 100);   // ragged: C not a multiple of 32, N not of 8
   test_layernorm(rng, 64, 1600);  // GPT-2 1558M width, the largest supported
   {
@@ -366,9 +467,17 @@ int main() {
                 ok ? "ok" : "FAIL");
   }
   test_elementwise(rng, 256 * 3072);
-  test_elementwise(rng, 1001);  // scalar path (n % 8 != 0)
-  test_classifier(rng);
-  test_adamw(rng);
+  test_elementwise(rng, 1001);             // scalar path (n % 8 != 0)
+  test_classifier(rng, 64, 50257, 50304);  // GPT-2: one read of the row into registers
+  test_classifier(rng, 16, 3000, 3008);    // V % 8 != 0 inside the last pack
+  test_classifier(rng, 16, 1000, 1003);    // Vp % 8 != 0: two-pass kernel
+  test_classifier(rng, 4, 70000, 70000);   // too long a row for registers: two-pass kernel
+  test_adamw(rng, 1 << 20, 0);
+  test_adamw(rng, 1000003, 0);  // n % 4 != 0: the tail
+  test_adamw(rng, 1000, 1);     // unaligned buffers: scalar kernels
+  test_bias_backward(rng, 4096, 3072);
+  test_bias_backward(rng, 1000, 776);
+  test_bias_backward(rng, 37, 100);  // OC % 8 != 0: scalar kernel
   gpu::Matmul mm;
   if (!mm.error().empty()) {
     std::printf("FAIL cuBLASLt setup: %s\n", mm.error().c_str());
@@ -378,6 +487,8 @@ int main() {
   test_matmul(rng, mm, 256, 3072, 768, true);   // fc projection
   test_matmul(rng, mm, 256, 768, 3072, false);  // no bias
   test_matmul(rng, mm, 100, 64, 200, true);     // small, odd
+  test_matmul_gelu(rng, mm, 256, 768, 3072);    // fc (forward) and fc projection (backward)
+  test_matmul_gelu(rng, mm, 100, 64, 200);
   check_cuda(cudaDeviceSynchronize(), "final");
   std::printf("%d of %d checks passed\n", g_checks - g_failures, g_checks);
   return g_failures == 0 ? 0 : 1;

@@ -7,6 +7,8 @@
 //  "classifier": lm-head GEMM (tied wte), fused softmax + cross-entropy forward/backward in place,
 //    and the two backward GEMMs.
 // Each is timed launched op by op and replayed as one CUDA Graph (CUDA events, median of reps).
+//  "kernels": each memory-bound kernel alone on the same shapes (and AdamW, the global norm and
+//    the bf16 copy over 124M parameters), with the bytes it must move and the GB/s achieved.
 // Prints one JSON object on stdout. Usage: gpu_layer_bench [B] [T]
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -22,6 +24,7 @@
 
 #include "cuda_kernels.cuh"
 #include "matmul.cuh"
+#include "topolaunch/kernels/graph.hpp"
 
 namespace gpu = topolaunch::kernels::cuda;
 using bf16 = __nv_bfloat16;
@@ -282,7 +285,145 @@ int main(int argc, char** argv) {
     std::printf("%s\"%s\": %.4f", i == 0 ? "" : ", ", layer_ops[i].first, t.median_ms);
   }
   std::printf("},\n");
-  bench("classifier", stream, classifier, 20, true);
+  bench("classifier", stream, classifier, 20, false);
+
+#ifndef TL_BENCH_BASELINE_API
+  // The cuBLASLt GELU epilogues against the separate GEMM + GELU kernel, as the layer uses them:
+  // forward fc then gelu vs fc with GELU_AUX_BIAS (h kept); backward (zeroed dg, dh) fcproj dx
+  // GEMM then gelu_backward vs one DGELU GEMM writing dh (the dw GEMM and bias in both).
+  // (Left out when built against the previous kernels, which lack these functions.)
+  {
+    const auto separate_fwd = [&] {
+      check(mm.matmul_forward(h, ln2, wfc, bfc, N, C, 4 * C, stream), "fc");
+      gpu::gelu_forward(g, h, N * 4 * C, stream);
+    };
+    const auto fused_fwd = [&] {
+      check(mm.matmul_forward_gelu(g, h, ln2, wfc, bfc, N, C, 4 * C, stream), "fc gelu");
+    };
+    const auto separate_bwd = [&] {
+      zero(dg, N * 4 * C), zero(dh, N * 4 * C);
+      check(mm.matmul_backward(dg, g_wfcp, g_bfcp, dout, g, wfcp, N, 4 * C, C, stream),
+            "fcproj bwd");
+      gpu::gelu_backward(dh, dg, h, N * 4 * C, stream);
+    };
+    const auto fused_bwd = [&] {
+      check(mm.matmul_backward_dgelu(dh, g_wfcp, g_bfcp, dout, g, h, wfcp, N, 4 * C, C, stream),
+            "fcproj bwd dgelu");
+    };
+    const std::pair<const char*, std::function<void()>> variants[] = {
+        {"fc_then_gelu", separate_fwd},
+        {"fc_gelu_epilogue", fused_fwd},
+        {"fcproj_bwd_then_gelu_bwd", separate_bwd},
+        {"fcproj_bwd_dgelu_epilogue", fused_bwd}};
+    std::printf("  \"gelu_epilogue_median_ms\": {");
+    bool first = true;
+    for (const auto& [name, fn] : variants) {
+      for (int i = 0; i < 3; ++i) fn();
+      check(cudaStreamSynchronize(stream), name);
+      const Timing t = time_it(stream, 20, fn);
+      std::printf("%s\"%s\": %.4f", first ? "" : ", ", name, t.median_ms);
+      first = false;
+    }
+    std::printf("},\n");
+  }
+#endif
+
+  // Each memory-bound kernel alone: kLaunches back-to-back launches per timed rep (so that the
+  // events' own cost is spread), median over reps; bytes = what the kernel must read and write
+  // at least (each input once, each output once), GB/s = bytes / median time.
+  {
+    const std::int64_t P = 124475904;  // GPT-2 124M parameters (Vp = 50304)
+    float* opt = nullptr;
+    bf16* p_bf16 = nullptr;
+    check(cudaMalloc(&opt, 4 * P * sizeof(float)), "optimizer state");
+    check(cudaMalloc(&p_bf16, P * sizeof(bf16)), "bf16 params");
+    float *p32 = opt, *m32 = opt + P, *v32 = opt + 2 * P, *g32 = opt + 3 * P;
+    float* scalars = arena.take<float>(topolaunch::kernels::kNumScalars);
+    float* norm = arena.take<float>(1);
+    float* wte_grad_pos = arena.take<float>(T * C);
+    {
+      std::vector<float> sc(topolaunch::kernels::kNumScalars, 0.0f);
+      sc[topolaunch::kernels::kLearningRate] = 6e-4f;
+      sc[topolaunch::kernels::kBeta1] = 0.9f;
+      sc[topolaunch::kernels::kBeta2] = 0.95f;
+      sc[topolaunch::kernels::kEpsilon] = 1e-8f;
+      sc[topolaunch::kernels::kWeightDecay] = 0.1f;
+      sc[topolaunch::kernels::kStep] = 1;
+      sc[topolaunch::kernels::kGradClip] = 1.0f;
+      check(cudaMemcpy(scalars, sc.data(), sc.size() * sizeof(float), cudaMemcpyHostToDevice),
+            "h2d");
+      const float one = 1.0f;
+      check(cudaMemcpy(norm, &one, sizeof one, cudaMemcpyHostToDevice), "h2d");
+      check(cudaMemset(opt, 0, 4 * P * sizeof(float)), "zero optimizer");
+      check(cudaMemset(wte_grad_pos, 0, T * C * sizeof(float)), "zero");
+    }
+    std::int32_t* tokens = targets;                               // random ids in [0, V)
+    const double bc = static_cast<double>(N) * C * sizeof(bf16);  // one (N, C) bf16 tensor
+    struct Kernel {
+      const char* name;
+      double bytes;
+      std::function<void()> launch;
+    };
+    const std::vector<Kernel> kernels = {
+        {"encoder_forward", 2 * bc + T * C * 2.0 + N * 4.0,
+         [&] { gpu::encoder_forward(x, tokens, wte, wte, B, T, C, stream); }},
+        {"encoder_backward", bc + 2 * (N * C * 4.0) + 2 * (T * C * 4.0) + N * 4.0,
+         [&] { gpu::encoder_backward(g_wte, wte_grad_pos, dout, tokens, B, T, C, stream); }},
+        {"layernorm_forward", 2 * bc + 8.0 * N,
+         [&] {
+           check(gpu::layernorm_forward(ln1, mean1, rstd1, x, ln1w, ln1b, N, C, stream), "ln");
+         }},
+        {"residual_layernorm_forward", 4 * bc + 8.0 * N,
+         [&] {
+           check(gpu::residual_layernorm_forward(s, ln2, mean2, rstd2, x, att, ln2w, ln2b, N, C,
+                                                 stream),
+                 "res ln");
+         }},
+        {"layernorm_backward", 4 * bc + 8.0 * N,
+         [&] {
+           check(gpu::layernorm_backward(dx, g_ln1w, g_ln1b, dln1, x, ln1w, mean1, rstd1, N, C,
+                                         stream),
+                 "ln bwd");
+         }},
+        {"gelu_forward", 2 * 4 * bc, [&] { gpu::gelu_forward(g, h, N * 4 * C, stream); }},
+        {"gelu_backward", 4 * 4 * bc, [&] { gpu::gelu_backward(dh, dg, h, N * 4 * C, stream); }},
+        {"residual_forward", 3 * bc, [&] { gpu::residual_forward(out, s, o, N * C, stream); }},
+        {"residual_backward", 5 * bc,
+         [&] { gpu::residual_backward(dyatt, dln2, dout, N * C, stream); }},
+        {"crossentropy_forward_backward", 2.0 * N * Vp * sizeof(bf16) + 8.0 * N,
+         [&] {
+           gpu::crossentropy_forward_backward(losses, logits, logits, targets, scale, N, V, Vp,
+                                              stream);
+         }},
+        {"bias_backward_768", bc, [&] { gpu::bias_backward(g_bproj, dout, N, C, stream); }},
+        {"bias_backward_3072", 4 * bc, [&] { gpu::bias_backward(g_bfc, dh, N, 4 * C, stream); }},
+        {"sum_of_squares_124M", 4.0 * P, [&] { gpu::sum_of_squares(norm, g32, P, stream); }},
+        {"adamw_124M", 30.0 * P,
+         [&] { gpu::adamw_update(p32, p_bf16, m32, v32, g32, P, scalars, norm, true, stream); }},
+        {"to_bf16_124M", 6.0 * P, [&] { gpu::to_bf16(p_bf16, p32, P, stream); }},
+    };
+    constexpr int kLaunches = 10;
+    std::printf("  \"kernel_launches_per_rep\": %d,\n  \"kernels\": {\n", kLaunches);
+    for (std::size_t i = 0; i < kernels.size(); ++i) {
+      const Kernel& k = kernels[i];
+      auto rep = [&] {
+        for (int l = 0; l < kLaunches; ++l) k.launch();
+      };
+      rep();  // warm-up
+      check(cudaStreamSynchronize(stream), k.name);
+      const Timing t = time_it(stream, 20, rep);
+      const double ms = t.median_ms / kLaunches;
+      std::printf(
+          "   \"%s\": {\"median_ms\": %.5f, \"min_ms\": %.5f, \"bytes\": %.0f, "
+          "\"GB_per_s\": %.1f}%s\n",
+          k.name, ms, t.min_ms / kLaunches, k.bytes, k.bytes / (ms * 1e-3) / 1e9,
+          i + 1 == kernels.size() ? "" : ",");
+    }
+    std::printf("  }\n");
+    check(cudaGetLastError(), "kernels");
+    cudaFree(p_bf16);
+    cudaFree(opt);
+  }
   std::printf("}\n");
   check(cudaStreamDestroy(stream), "stream");
   return 0;
