@@ -19,6 +19,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -163,6 +164,7 @@ int worker(const Args& a) {
   // parameters. Each rank sums its fp32 master copies into one float checksum per parameter; the
   // all-reduce of the checksums equals world * own exactly only if all ranks agree.
   bool params_identical = true;
+  double params_max_rel_diff = 0;  // largest |own checksum - mean| / |mean| over parameters
   {
     const std::size_t n_params = plan.graph.params.size();
     std::vector<float> checksum(n_params);
@@ -191,8 +193,14 @@ int worker(const Args& a) {
     comm->set_time_calls(true);
     std::vector<float> total(n_params);
     cudaMemcpy(total.data(), d, n_params * sizeof(float), cudaMemcpyDeviceToHost);
-    for (std::size_t i = 0; i < n_params; ++i)
+    for (std::size_t i = 0; i < n_params; ++i) {
       params_identical = params_identical && total[i] == checksum[i] * static_cast<float>(world);
+      const double mean = static_cast<double>(total[i]) / world;
+      if (mean != 0)
+        params_max_rel_diff =
+            std::max(params_max_rel_diff,
+                     std::fabs(static_cast<double>(checksum[i]) - mean) / std::fabs(mean));
+    }
     cudaFree(d);
     cudaStreamDestroy(s);
   }
@@ -229,13 +237,15 @@ int worker(const Args& a) {
         "\"step_ms_no_comm\": %.3f, \"exposed_comm_ms\": %.3f, \"comm_ms\": %.3f, "
         "\"comm_span_ms\": %.3f, \"overlap\": %.3f, \"planned_comm_ms\": %.3f, "
         "\"planned_exposed_ms\": %.3f, \"loss_first\": %.4f, \"loss_last\": %.4f, "
-        "\"params_identical_across_ranks\": %s, \"arena_bytes\": %zu, "
+        "\"params_identical_across_ranks\": %s, \"params_max_rel_checksum_diff\": %.3e, "
+        "\"arena_bytes\": %zu, "
         "\"device_used_bytes\": %zu}\n",
         gpu::NcclCommunicator::nccl_version().c_str(), world, a.batch, a.seq, a.steps, plan_s,
         plan.comm.buckets.size(), plan.comm.bucket_cap_bytes, calls_per_step, bytes_per_step,
         step_ms, tok_s, tok_s / world, step_ms_no_comm, exposed, comm_median,
         span_ms[span_ms.size() / 2], overlap, plan.comm.comm_ms, plan.comm.exposed_ms, loss_first,
-        loss_last, params_identical ? "true" : "false", mem.arena_bytes, mem.used_bytes);
+        loss_last, params_identical ? "true" : "false", params_max_rel_diff, mem.arena_bytes,
+        mem.used_bytes);
     std::fclose(out);
   }
   ex.reset();
