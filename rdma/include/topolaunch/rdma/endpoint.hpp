@@ -9,6 +9,7 @@
 #include <memory>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "topolaunch/topology/result.hpp"
@@ -59,12 +60,12 @@ class Transport {
     if (!memory) return make_error("rdma: cannot allocate " + std::to_string(bytes) + " bytes", 1);
     auto m = register_memory(memory.get(), bytes, MemoryKind::host);
     if (!m) return m.error();
-    // The registration goes before the memory: keep both alive in one handle.
-    std::shared_ptr<void> registration = std::move(m->handle);
-    m->handle = std::shared_ptr<void>(memory.get(), [memory, registration](void*) mutable {
-      registration.reset();
-      memory.reset();
-    });
+    // One owner of both, the registration released first (pair members go in reverse order);
+    // the handle still points at the registration (verbs reads its ibv_mr from it).
+    void* registration = m->handle.get();
+    auto both = std::make_shared<std::pair<std::shared_ptr<void>, std::shared_ptr<void>>>(
+        std::move(memory), std::move(m->handle));
+    m->handle = std::shared_ptr<void>(std::move(both), registration);
     return m;
   }
   // Starts an RDMA write of local [offset, offset+bytes) to remote [remote_offset, ...).
