@@ -184,7 +184,7 @@ echo "=== gpt2_bench (ours)"
 "$BUILD/gpt2_bench" ${OURS_CONFIGS:-} 2>"$LOGS/gpt2_bench.err" | tee "$LOGS/gpt2_ours.jsonl"
 tail -5 "$LOGS/gpt2_bench.err"
 echo "=== gpt2_torch.py (eager, compile)"
-PYTHONUNBUFFERED=1 python3 tests/bench/kernels/gpt2_torch.py "$LOGS/gpt2_ours.jsonl" \
+PYTHONUNBUFFERED=1 timeout ${TORCH_TIMEOUT_S:-370} python3 tests/bench/kernels/gpt2_torch.py "$LOGS/gpt2_ours.jsonl" \
   ${TORCH_BATCHES:-16 64} 2>"$LOGS/gpt2_torch.err" | tee "$LOGS/gpt2_torch.jsonl"
 tail -5 "$LOGS/gpt2_torch.err"
 cat "$LOGS/gpt2_ours.jsonl" "$LOGS/gpt2_torch.jsonl" > "$OUT/gpt2_bench.jsonl"
