@@ -18,6 +18,7 @@
 #include <map>
 #include <nlohmann/json.hpp>
 #include <set>
+#include <thread>
 
 #include "topolaunch/rdma/blob.hpp"
 
@@ -37,6 +38,8 @@ constexpr std::size_t kSlotRelease = 5;
 constexpr std::size_t kControlBytes = 4096;
 // How long a wait polls before it also yields the core (see wait_slot).
 constexpr std::chrono::microseconds kSpinBeforeYield{2000};
+// How often a passive wait (bandwidth receiver on verbs) looks at its slot.
+constexpr std::chrono::microseconds kPassivePoll{50};
 
 struct PeerInfo {
   std::string node;
@@ -393,7 +396,11 @@ class Runner {
   // Waits until our control slot holds `value` (progressing), or the deadline.
   // Waits until our control slot holds `value`, written by `peer`: false at the deadline or
   // when the transport reports the peer failed (wait_failure() says which).
-  bool wait_slot(std::size_t slot, std::uint64_t value, Clock::time_point deadline, int peer) {
+  // `passive`: nothing on this side moves the data (see Transport::target_needs_progress), so
+  // after the first polls the wait sleeps instead of spinning: in a Soft-RoCE guest a spinning
+  // receiver took the CPU from rxe's kernel work and halved the sender's bandwidth.
+  bool wait_slot(std::size_t slot, std::uint64_t value, Clock::time_point deadline, int peer,
+                 bool passive = false) {
     wait_error_.clear();
     // Busy-poll with progress, as ucx_perftest does. Yielding after a fixed number of polls
     // (4096 here before) gave the core away whenever the peer was a few microseconds late; on a
@@ -412,6 +419,8 @@ class Runner {
         }
         if (spins == 255)
           yield_after = now + kSpinBeforeYield;
+        else if (passive)
+          std::this_thread::sleep_for(kPassivePoll);
         else if (now > yield_after)
           sched_yield();
       }
@@ -496,7 +505,8 @@ class Runner {
                       right_);
       }
       if (receiving && !(sending && world_ == 1)) {
-        if (!wait_slot(kSlotDone, done_value, deadline, phase))
+        if (!wait_slot(kSlotDone, done_value, deadline, phase,
+                       !transport_->target_needs_progress()))
           return fail("bandwidth",
                       fmt::format("{}: {} did not finish writing {}", me(), peer_where(phase),
                                   wait_failure(phase, timeout)),

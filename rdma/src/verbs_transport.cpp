@@ -287,6 +287,8 @@ class VerbsTransport final : public Transport {
         std::max<long long>(1000, static_cast<long long>(16 * worst_ms)));
   }
 
+  bool target_needs_progress() const override { return false; }
+
   // A failed completion on the QP to `peer` (retry counter exceeded: the path is dead) ends a
   // wait for that peer at once.
   Status check_peer(int peer) override {

@@ -84,6 +84,10 @@ class Transport {
   // An error when the transport knows `peer` failed (UCX: the endpoint's error callback ran),
   // so a wait for that peer's writes ends at once instead of at its timeout.
   virtual Status check_peer(int /*peer*/) { return ok_status(); }
+  // False when the peer's one-sided writes land without this side doing anything (verbs RC: the
+  // NIC, or rxe's kernel threads, place the data). A receiver that only waits for them can then
+  // sleep between polls and leave the cores to whatever moves the data.
+  virtual bool target_needs_progress() const { return true; }
 };
 
 struct UcxTransportOptions {
