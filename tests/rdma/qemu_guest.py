@@ -73,7 +73,20 @@ mount -t 9p -o trans=virtio,version=9p2000.L,msize=262144,ro,cache=loose hostroo
 for d in proc sys dev; do mount --move "/$d" "/host/$d" || die "cannot move /$d"; done
 mkdir -p /host/dev/shm /host/dev/pts
 mount -t devpts devpts /host/dev/pts
+# The guest gets fresh /tmp, /run, /var/tmp and /dev/shm; what the suite needs from under them on
+# the host (a checkout or build dir under /tmp, as a CI clone may be) is bind-mounted aside first
+# and put back on top of the tmpfs afterwards (TL_KEEP: space-separated host paths).
+i=0
+for p in $TL_KEEP; do
+  mkdir -p "/keep/$i" && mount --bind "/host$p" "/keep/$i" || die "cannot keep $p"
+  i=$((i + 1))
+done
 for d in /tmp /run /var/tmp /dev/shm; do mount -t tmpfs tmpfs "/host$d" || die "tmpfs on $d"; done
+i=0
+for p in $TL_KEEP; do
+  mkdir -p "/host$p" && mount --move "/keep/$i" "/host$p" || die "cannot put back $p"
+  i=$((i + 1))
+done
 mkdir -p "/host$TL_OUT" 2>/dev/null  # only where a tmpfs now hides it (an out dir under /tmp)
 mount --move /out "/host$TL_OUT" || die "cannot move the out share to $TL_OUT"
 echo "tl-init: running $TL_SCRIPT"
@@ -243,6 +256,26 @@ def boot(kernel, initrd, out, timeout, memory_mib, smp):
     return proc.returncode, time.monotonic() - t0
 
 
+HIDDEN_IN_GUEST = ["/tmp", "/run", "/var/tmp", "/dev/shm"]  # the guest mounts a tmpfs on each
+
+
+def hidden_paths(paths):
+    """The folders of `paths` that the guest's tmpfs mounts would hide, as few as cover them all:
+    (the top folder below /tmp etc. that holds each, e.g. /tmp/ci for /tmp/ci/main/build/x)."""
+    tops = set()
+    for p in paths:
+        p = os.path.realpath(p)
+        for hidden in HIDDEN_IN_GUEST:
+            if p.startswith(hidden + "/"):
+                first = p[len(hidden) + 1:].split("/", 1)[0]
+                top = os.path.join(hidden, first)
+                tops.add(top if os.path.isdir(top) else os.path.dirname(p))
+    for t in tops:
+        if " " in t or "'" in t:
+            fail(f"cannot share {t!r} with the guest: its name has a space or quote")
+    return sorted(tops)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--cache", required=True)
@@ -273,8 +306,11 @@ def main():
     prepared = time.monotonic() - t0
     print(f"qemu_guest: {package} ({version}), initramfs {os.path.getsize(initrd)} B, "
           f"prepared in {prepared:.1f} s", flush=True)
+    keep = hidden_paths([os.path.dirname(script)] +
+                        [v for v in (kv.partition("=")[2] for kv in a.env) if os.path.isabs(v)])
     with open(os.path.join(out, "guest.env"), "w") as f:
-        f.write(f"TL_OUT='{out}'\nTL_SCRIPT='{script}'\nexport TL_OUT TL_SCRIPT\n")
+        f.write(f"TL_OUT='{out}'\nTL_SCRIPT='{script}'\nTL_KEEP='{' '.join(keep)}'\n"
+                "export TL_OUT TL_SCRIPT TL_KEEP\n")
         for kv in a.env:
             k, _, v = kv.partition("=")
             f.write(f"export {k}='{v}'\n")

@@ -84,6 +84,19 @@ std::size_t entries_in(const char* path) {
 std::size_t open_fds() { return entries_in("/proc/self/fd"); }
 std::size_t threads() { return entries_in("/proc/self/task"); }
 
+// The thread count once it has settled to `expected` (or after 2 s): a joined thread's entry can
+// stay in /proc/self/task for a moment after pthread_join returned (the kernel wakes the joiner
+// before it reaps the task), so one read right after stop() can still count it.
+std::size_t threads_settled(std::size_t expected) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(2);
+  std::size_t n = threads();
+  while (n != expected && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    n = threads();
+  }
+  return n;
+}
+
 std::string peer_path() {
   const char* path = std::getenv("WIREUP_PEER");
   if (path == nullptr) FAIL("WIREUP_PEER is not set (run through meson test)");
@@ -462,7 +475,7 @@ TEST_CASE("stop() ends blocked clients' calls with an error and leaks no fd or t
     server->stop();  // idempotent
   }
   CHECK(open_fds() == fds_before);
-  CHECK(threads() == threads_before);
+  CHECK(threads_settled(threads_before) == threads_before);
 }
 
 TEST_CASE("8 processes put, fence and get every other rank's 4 KiB value") {
