@@ -276,8 +276,11 @@ Status CudaExecutor::init() {
             std::find(o.inputs.begin(), o.inputs.end(), t) != o.inputs.end() || o.workspace == t;
         const bool writes = std::find(o.outputs.begin(), o.outputs.end(), t) != o.outputs.end();
         if (!reads && !writes) continue;
-        if (o.kind == OpKind::gelu_backward && writes && !reads && o.outputs.size() == 1 &&
-            o.phase == z.phase) {
+        const bool gelu = o.kind == OpKind::gelu_backward && o.outputs.size() == 1;
+        // matmul_backward's dx (outputs[0]) with beta 0; its dw/db accumulate as before
+        const bool matmul = o.kind == OpKind::matmul_backward && o.outputs[0] == t &&
+                            std::count(o.outputs.begin(), o.outputs.end(), t) == 1;
+        if ((gelu || matmul) && writes && !reads && o.phase == z.phase) {
           skip_zero_[k] = 1;
           overwrite_[j] = 1;
         }
@@ -285,10 +288,52 @@ Status CudaExecutor::init() {
       }
     }
   }
+  // Zero ops: merge the ranges of tensors that touch or are separated only by alignment padding
+  // that no tensor of the plan occupies (offsets are reused across lifetimes, so any tensor
+  // overlapping a gap keeps the ranges apart).
+  zero_ranges_.assign(g.ops.size(), {});
+  {
+    std::vector<std::pair<std::size_t, std::size_t>> occupied;  // every tensor's [begin, end)
+    for (std::size_t t = 0; t < g.tensors.size(); ++t) {
+      const std::size_t off = plan_.memory.offsets[t];
+      if (off != kNoOffset && g.tensors[t].bytes() > 0)
+        occupied.emplace_back(off, off + g.tensors[t].bytes());
+    }
+    auto gap_free = [&](std::size_t begin, std::size_t end) {
+      if (begin == end) return true;
+      for (const auto& [b, e] : occupied)
+        if (b < end && e > begin) return false;
+      return true;
+    };
+    for (std::size_t k = 0; k < g.ops.size(); ++k) {
+      const Op& z = g.ops[k];
+      if (z.kind != OpKind::zero) continue;
+      std::vector<std::pair<std::size_t, std::size_t>> r;
+      for (auto t : z.outputs) {
+        const std::size_t off = plan_.memory.offsets[static_cast<std::size_t>(t)];
+        if (off != kNoOffset && g[t].bytes() > 0) r.emplace_back(off, off + g[t].bytes());
+      }
+      std::sort(r.begin(), r.end());
+      auto& merged = zero_ranges_[k];
+      for (const auto& x : r) {
+        if (!merged.empty() && x.first >= merged.back().second &&
+            x.first - merged.back().second < 4096 && gap_free(merged.back().second, x.first)) {
+          merged.back().second = std::max(merged.back().second, x.second);
+          continue;
+        }
+        if (!merged.empty() && x.first < merged.back().second) {  // overlapping: one range
+          merged.back().second = std::max(merged.back().second, x.second);
+          continue;
+        }
+        merged.push_back(x);
+      }
+    }
+  }
   master_of_.assign(g.tensors.size(), kNoTensor);
   for (const Op& op : g.ops)
     if (op.kind == OpKind::adamw && op.outputs.size() >= 4)
       master_of_[static_cast<std::size_t>(op.outputs[0])] = op.outputs[3];
+  TL_STATUS_TRY(build_multi_tensor_tables());
   const std::size_t n_buckets = plan_.comm.buckets.size();
   bucket_ready_.assign(n_buckets, nullptr);
   bucket_done_.assign(n_buckets, nullptr);
@@ -313,6 +358,91 @@ Status CudaExecutor::init() {
   return ok_status();
 }
 
+// The global norm of every global_norm op is a fixed-order multi-tensor reduction (ranks that hold
+// the same all-reduced gradients get the same norm and clip factor bit for bit). The adamw ops
+// fold into one multi-tensor launch at the first of them when nothing between the first and the
+// last touches an optimizer tensor (moving each update up to the first is then invisible).
+Status CudaExecutor::build_multi_tensor_tables() {
+  const Graph& g = plan_.graph;
+  auto F = [&](TensorId t) { return static_cast<float*>(device_pointer(t)); };
+  std::vector<std::vector<MultiTensorEntry>> tables(g.ops.size());
+  op_tables_.assign(g.ops.size(), MultiTable{});
+  adamw_folded_.assign(g.ops.size(), 0);
+  std::vector<std::size_t> adamw_ops;
+  for (std::size_t i = 0; i < g.ops.size(); ++i) {
+    const Op& op = g.ops[i];
+    if (op.kind == OpKind::global_norm) {
+      for (auto t : op.inputs) {
+        MultiTensorEntry e;
+        e.grad = F(t);
+        e.n = g[t].elements();
+        if (e.n > 0 && e.grad != nullptr) tables[i].push_back(e);
+      }
+      if (tables[i].empty()) tables[i].push_back(MultiTensorEntry{});  // norm of nothing: 0
+    }
+    if (op.kind == OpKind::adamw) adamw_ops.push_back(i);
+  }
+  if (options_.multi_tensor_adamw && !adamw_ops.empty()) {
+    first_adamw_op_ = adamw_ops.front();
+    last_adamw_op_ = adamw_ops.back();
+    std::vector<std::uint8_t> touched(g.tensors.size(), 0);
+    for (auto i : adamw_ops) {
+      for (auto t : g.ops[i].inputs) touched[static_cast<std::size_t>(t)] = 1;
+      for (auto t : g.ops[i].outputs) touched[static_cast<std::size_t>(t)] = 1;
+    }
+    bool foldable = true;
+    const TensorId norm0 = g.ops[first_adamw_op_].inputs[1];
+    const TensorId scalars0 = g.ops[first_adamw_op_].inputs[2];
+    for (std::size_t j = first_adamw_op_; j <= last_adamw_op_ && foldable; ++j) {
+      const Op& o = g.ops[j];
+      if (o.kind == OpKind::adamw) {
+        foldable = o.inputs[1] == norm0 && o.inputs[2] == scalars0;
+        continue;
+      }
+      auto hit = [&](TensorId t) { return t != kNoTensor && touched[static_cast<std::size_t>(t)]; };
+      for (auto t : o.inputs) foldable = foldable && !hit(t);
+      for (auto t : o.outputs) foldable = foldable && !hit(t);
+      foldable = foldable && !hit(o.workspace);
+    }
+    if (foldable) {
+      for (auto i : adamw_ops) {
+        const Op& op = g.ops[i];  // {grad, norm, scalars} -> {param bf16, m, v, master}
+        MultiTensorEntry e;
+        e.param = F(op.outputs[3]);
+        e.param_bf16 = static_cast<bf16*>(device_pointer(op.outputs[0]));
+        e.m = F(op.outputs[1]);
+        e.v = F(op.outputs[2]);
+        e.grad = F(op.inputs[0]);
+        e.n = g[op.inputs[0]].elements();
+        e.decayed = g[op.outputs[0]].decayed ? 1 : 0;
+        if (e.n > 0) tables[first_adamw_op_].push_back(e);
+        if (i != first_adamw_op_) adamw_folded_[i] = 1;
+      }
+    }
+  }
+  std::size_t total = 0;
+  for (const auto& t : tables) total += t.size();
+  const std::size_t bytes = total * sizeof(MultiTensorEntry) + kNormPartials * sizeof(float);
+  TL_CUDA_TRY(cudaMalloc(&tables_, bytes), "cudaMalloc of the optimizer tables");
+  auto* entries = static_cast<MultiTensorEntry*>(tables_);
+  norm_partials_ = reinterpret_cast<float*>(entries + total);
+  std::size_t at = 0;
+  for (std::size_t i = 0; i < tables.size(); ++i) {
+    if (tables[i].empty()) continue;
+    const MultiTensorUse use =
+        g.ops[i].kind == OpKind::adamw ? MultiTensorUse::adamw : MultiTensorUse::global_norm;
+    MultiTable& mt = op_tables_[i];
+    mt.blocks = layout_multi_tensor(tables[i], use);
+    mt.count = static_cast<int>(tables[i].size());
+    mt.entries = entries + at;
+    TL_CUDA_TRY(cudaMemcpy(entries + at, tables[i].data(),
+                           tables[i].size() * sizeof(MultiTensorEntry), cudaMemcpyHostToDevice),
+                "copy of the optimizer tables");
+    at += tables[i].size();
+  }
+  return ok_status();
+}
+
 CudaExecutor::~CudaExecutor() {
   if (stream_ != nullptr) cudaStreamSynchronize(stream_);
   if (comm_stream_ != nullptr) cudaStreamSynchronize(comm_stream_);
@@ -331,6 +461,7 @@ CudaExecutor::~CudaExecutor() {
     if (s.scalars != nullptr) cudaFreeHost(s.scalars);
   }
   matmul_.reset();
+  if (tables_ != nullptr) cudaFree(tables_);
   if (arena_ != nullptr) cudaFree(arena_);
   if (comm_stream_ != nullptr) cudaStreamDestroy(comm_stream_);
   if (stream_ != nullptr) cudaStreamDestroy(stream_);
@@ -542,6 +673,8 @@ Status CudaExecutor::launch_range(std::size_t begin, std::size_t end, bool commu
 
 Status CudaExecutor::enqueue_range(std::size_t begin, std::size_t end, bool communicate) {
   issued_buckets_.clear();
+  range_begin_ = begin;
+  range_end_ = end;
   bool joined = false;
   for (std::size_t i = begin; i < end; ++i) {
     if (i > begin && fused_with_next_[i - 1]) continue;  // ran with its crossentropy_forward
@@ -631,7 +764,7 @@ Status CudaExecutor::enqueue_op(std::size_t index, bool communicate, bool fuse, 
       const std::int64_t OC = w[0], C = w[1], N = el(op.inputs[1]) / C;
       const cublasStatus_t st = matmul_->matmul_backward(
           B(op.outputs[0]), F(op.outputs[1]), F(opt(op.outputs, 2)), B(op.inputs[0]),
-          B(op.inputs[1]), B(op.inputs[2]), N, C, OC, stream_);
+          B(op.inputs[1]), B(op.inputs[2]), N, C, OC, stream_, overwrite_[index] != 0);
       if (st != CUBLAS_STATUS_SUCCESS)
         return make_error("cuda backend: " + where() + ": cuBLASLt status " +
                               std::to_string(static_cast<int>(st)),
@@ -691,21 +824,28 @@ Status CudaExecutor::enqueue_op(std::size_t index, bool communicate, bool fuse, 
     }
     case OpKind::zero:
       if (skip_zero_[index]) break;  // its tensor's first writer overwrites
-      for (auto t : op.outputs) {
-        err = cudaMemsetAsync(device_pointer(t), 0, g[t].bytes(), stream_);
+      for (const auto& [begin, end] : zero_ranges_[index]) {
+        err = cudaMemsetAsync(arena_ + begin, 0, end - begin, stream_);
         if (err != cudaSuccess) break;
       }
       break;
     case OpKind::global_norm: {
-      float* norm = F(op.outputs[0]);
-      err = cudaMemsetAsync(norm, 0, sizeof(float), stream_);
-      if (err != cudaSuccess) break;
-      for (auto t : op.inputs) sum_of_squares(norm, F(t), el(t), stream_);
-      sqrt_in_place(norm, stream_);
+      const MultiTable& t = op_tables_[index];
+      global_norm_multi(F(op.outputs[0]), norm_partials_,
+                        static_cast<const MultiTensorEntry*>(t.entries), t.count, t.blocks,
+                        stream_);
       break;
     }
     case OpKind::adamw: {
       // {grad, norm, scalars} -> {param (bf16 working copy), m, v, master}
+      const bool whole = range_begin_ <= first_adamw_op_ && range_end_ > last_adamw_op_;
+      if (whole && adamw_folded_[index]) break;  // ran in the first adamw's launch
+      if (whole && op_tables_[index].count > 0) {
+        const MultiTable& t = op_tables_[index];
+        adamw_update_multi(static_cast<const MultiTensorEntry*>(t.entries), t.count, t.blocks,
+                           F(op.inputs[2]), F(op.inputs[1]), stream_);
+        break;
+      }
       adamw_update(F(op.outputs[3]), B(op.outputs[0]), F(op.outputs[1]), F(op.outputs[2]),
                    F(op.inputs[0]), el(op.inputs[0]), F(op.inputs[2]), F(op.inputs[1]),
                    g[op.outputs[0]].decayed, stream_);

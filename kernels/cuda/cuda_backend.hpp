@@ -57,8 +57,12 @@ struct CudaExecutorOptions {
   // the logits, dlogits written in place; the plan already gives both the same buffer).
   bool fuse_classifier = true;
   // Skip the plan's zero of a gradient whose first writer can overwrite it instead of
-  // accumulating (gelu_backward now): saves a memset and a read per such gradient.
+  // accumulating (gelu_backward, matmul_backward's dx through a beta-0 GEMM): saves a memset and
+  // a read per such gradient.
   bool overwrite_first_gradient = true;
+  // All the plan's AdamW ops as ONE multi-tensor launch (at the first of them; a device table of
+  // the tensors built once) instead of one launch per parameter; same results bit for bit.
+  bool multi_tensor_adamw = true;
   // op_by_op only: CUDA events around every op, read back with op_times_ms() (where the step's
   // time goes, by op).
   bool profile_ops = false;
@@ -151,6 +155,23 @@ class CudaExecutor {
   std::vector<std::uint8_t> fused_with_next_;        // crossentropy forward+backward pairs
   std::vector<std::uint8_t> skip_zero_, overwrite_;  // overwrite_first_gradient
   std::vector<TensorId> master_of_;                  // parameter -> fp32 master copy (or kNoTensor)
+  Status build_multi_tensor_tables();
+  // Multi-tensor tables on the device (global_norm ops: their gradients; the first adamw op: every
+  // adamw op's tensors), all in one allocation made at construction with the norm's partials.
+  struct MultiTable {
+    const void* entries = nullptr;  // const MultiTensorEntry* on the device
+    int count = 0;
+    std::int64_t blocks = 0;
+  };
+  std::vector<MultiTable> op_tables_;
+  // Per zero op: its tensors' arena ranges, adjacent ones merged into one memset (the parameter
+  // gradients lie in contiguous buckets: one memset per bucket instead of one per gradient).
+  std::vector<std::vector<std::pair<std::size_t, std::size_t>>> zero_ranges_;
+  std::vector<std::uint8_t> adamw_folded_;  // adamw ops run by the first adamw's launch
+  std::size_t first_adamw_op_ = 0, last_adamw_op_ = 0;
+  void* tables_ = nullptr;
+  float* norm_partials_ = nullptr;
+  std::size_t range_begin_ = 0, range_end_ = 0;  // the range being enqueued
   std::vector<cudaEvent_t> bucket_ready_, bucket_done_;
   std::vector<std::size_t> issued_buckets_;  // issued in the range being enqueued, not yet joined
 

@@ -140,11 +140,11 @@ cublasStatus_t Matmul::matmul_forward(__nv_bfloat16* y, const __nv_bfloat16* x,
 cublasStatus_t Matmul::matmul_backward(__nv_bfloat16* dx, float* dw, float* dbias,
                                        const __nv_bfloat16* dy, const __nv_bfloat16* x,
                                        const __nv_bfloat16* w, std::int64_t N, std::int64_t C,
-                                       std::int64_t OC, cudaStream_t stream) {
-  // dX' (C,N) += W' (C,OC) dY' (OC,N)
+                                       std::int64_t OC, cudaStream_t stream, bool overwrite_dx) {
+  // dX' (C,N) += W' (C,OC) dY' (OC,N)   (= when overwrite_dx)
   if (dx != nullptr)
-    TL_LT_CHECK(
-        gemm(false, false, C, N, OC, w, C, dy, OC, dx, C, CUDA_R_16BF, 1.0f, nullptr, stream));
+    TL_LT_CHECK(gemm(false, false, C, N, OC, w, C, dy, OC, dx, C, CUDA_R_16BF,
+                     overwrite_dx ? 0.0f : 1.0f, nullptr, stream));
   // dW' (C,OC) += X' (C,N) dY'^T (N,OC)
   TL_LT_CHECK(gemm(false, true, C, OC, N, x, C, dy, OC, dw, C, CUDA_R_32F, 1.0f, nullptr, stream));
   if (dbias != nullptr) bias_backward(dbias, dy, N, OC, stream);

@@ -32,11 +32,12 @@ class Matmul {
                                 const __nv_bfloat16* bias, std::int64_t N, std::int64_t C,
                                 std::int64_t OC, cudaStream_t stream);
   // dx (bf16) += dy @ w; dw (fp32) += dy^T @ x; dbias (fp32) += column sums of dy (when not
-  // null). dx may be null (the first layer's input needs no gradient).
+  // null). dx may be null (the first layer's input needs no gradient). overwrite_dx: dx = dy @ w
+  // (beta 0: dx is not read, so it needs no zeroing; same bits as += into zeros).
   cublasStatus_t matmul_backward(__nv_bfloat16* dx, float* dw, float* dbias,
                                  const __nv_bfloat16* dy, const __nv_bfloat16* x,
                                  const __nv_bfloat16* w, std::int64_t N, std::int64_t C,
-                                 std::int64_t OC, cudaStream_t stream);
+                                 std::int64_t OC, cudaStream_t stream, bool overwrite_dx = false);
 
   // GELU fused into the GEMM's epilogue (CUBLASLT_EPILOGUE_GELU_AUX[_BIAS], tanh GELU):
   // pre (N,OC) = x @ w^T + bias (the GELU input, kept for the backward), y (N,OC) = gelu(pre);

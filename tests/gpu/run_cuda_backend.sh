@@ -4,6 +4,7 @@
 # repository root:
 #   MODE=test  tests/gpu/run_cuda_backend.sh   test_cuda_backend + the PyTorch reference of the
 #                                              small GPT + a short GPT-2 124M smoke run
+#   MODE=build tests/gpu/run_cuda_backend.sh   only build (test_cuda_backend, gpt2_bench)
 #   MODE=bench tests/gpu/run_cuda_backend.sh   test_cuda_backend, then gpt2_bench (B=16, 64, 8
 #                                              graph vs op by op, B=64 under 16 GiB, op profile
 #                                              at B=16) + gpt2_torch.py (eager, compile)
@@ -120,6 +121,8 @@ else
   [ "${PIPESTATUS[0]}" -eq 0 ] || exit 3
   echo "$STAMP" > "$BUILD/stamp"
 fi
+
+[ "$MODE" != build ] || exit 0
 
 if [ "$MODE" = test ]; then
   build_worker > "$OUT/worker_build.log" 2>&1 &

@@ -12,6 +12,10 @@
 # the host, else build-nccl/openssl/lib. Writes logs and JSON to $OUT (default build-gpu-nccl/out),
 # at most 8 files (the device tool's limit).
 #
+# DDP_ONLY=1: only the data-parallel GPT-2 benchmark (no test_nccl, no all-reduce benchmark);
+# RUN_TORCH_DDP=0: without its PyTorch peer; GPU_LOCK=FILE: the benchmark holds flock FILE while it
+# runs (a caller running other GPU work beside this script keeps the two apart).
+#
 # SRC: where every source comes from (default: this tree). On a shared checkout, a snapshot of the
 # last commit keeps the run away from files another engineer is editing at that moment:
 #   git archive HEAD kernels topology/include wireup tests/gpu tests/bench/kernels | tar -x -C DIR
@@ -99,6 +103,8 @@ LIBS=("$BUILD"/obj/wireup_*.o "$BUILD/obj/nccl.o" "$BUILD/obj/nccl_env.o" -L"$CU
 $CXX -o "$BUILD/test_nccl" "$BUILD/obj/test_nccl.o" "${LIBS[@]}" || { echo "link test_nccl failed"; exit 3; }
 $CXX -o "$BUILD/allreduce_bench" "$BUILD/obj/bench.o" "${LIBS[@]}" || { echo "link bench failed"; exit 3; }
 
+test_rc=0
+if [ "${DDP_ONLY:-0}" != 1 ]; then
 echo "=== test_nccl"
 TEST_NCCL_LOG_DIR="$BUILD/logs" timeout 260 "$BUILD/test_nccl" 2>&1 | tee "$OUT/test_nccl.log" | grep -E "^(FAIL|PASS|test_nccl|error after|after)"
 test_rc=${PIPESTATUS[0]}
@@ -127,6 +133,8 @@ else
   echo "allreduce_bench failed (exit $bench_rc)"; cat "$BUILD/logs/bench.err" | tail -30
 fi
 
+fi  # DDP_ONLY
+
 ddp_rc=0
 if [ "$RUN_DDP" = 1 ]; then
   echo "=== ddp_gpt2_bench (ours), 2 GPUs, B=${DDP_BATCH:-64}/GPU, T=1024 (at ${SECONDS} s)"
@@ -135,14 +143,16 @@ if [ "$RUN_DDP" = 1 ]; then
   tail -3 "$BUILD/logs/ddp_build.log"
   if [ $build_rc -eq 0 ] && $CXX -fopenmp -o "$BUILD/ddp_gpt2_bench" "$BUILD"/obj/ddp_*.o \
        "${LIBS[@]}" -lcublasLt >> "$OUT/errors.log" 2>&1; then
-    timeout 150 "$BUILD/ddp_gpt2_bench" --batch "${DDP_BATCH:-64}" --out "$OUT/ddp_ours.json" \
+    ${GPU_LOCK:+flock "$GPU_LOCK"} timeout 150 "$BUILD/ddp_gpt2_bench" --batch "${DDP_BATCH:-64}" --out "$OUT/ddp_ours.json" \
       2>&1 | tee -a "$OUT/errors.log" | grep -E "^rank|FATAL|failed"
     ddp_rc=${PIPESTATUS[0]}
     echo "ddp_gpt2_bench exit status: $ddp_rc"; cat "$OUT/ddp_ours.json" 2>/dev/null
   else
     echo "ddp_gpt2_bench build failed (see errors.log)"; tail -20 "$OUT/errors.log"; ddp_rc=3
   fi
-  if [ $SECONDS -lt "${TORCH_DDP_START_BY_S:-230}" ]; then
+  if [ "${RUN_TORCH_DDP:-1}" = 0 ]; then
+    echo "ddp_gpt2_torch.py not run (RUN_TORCH_DDP=0)"
+  elif [ $SECONDS -lt "${TORCH_DDP_START_BY_S:-230}" ]; then
     echo "=== ddp_gpt2_torch.py (PyTorch DDP + torch.compile) (at ${SECONDS} s)"
     ours=$OUT/ddp_ours.json; [ -s "$ours" ] || ours=none
     # DEADLINE_S: the whole run's limit (the device call's); PyTorch stops 5 s before it.

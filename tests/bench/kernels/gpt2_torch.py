@@ -13,7 +13,10 @@ then one "gpt2_compare" line per batch size with ours, eager and compile and the
 (ours tokens/s / peer tokens/s; > 1 means ours is faster). Never a pass/fail on timing.
 
 usage: gpt2_torch.py OURS.jsonl [B ...]     (default B: 16 64 8)
+OURS.jsonl is read after the peer's runs (ours may run meanwhile on another GPU).
+TORCH_SYSTEMS=compile: torch.compile only (default: eager and compile).
 """
+import os
 import json
 import math
 import sys
@@ -121,14 +124,14 @@ def run(B, compiled):
 
 
 def main():
-    ours = [json.loads(l) for l in open(sys.argv[1]) if l.strip().startswith("{")]
     batches = [int(b) for b in sys.argv[2:]] or [16, 64, 8]
     torch.backends.cuda.matmul.allow_tf32 = True
     torch.backends.cudnn.allow_tf32 = True
     torch._dynamo.config.automatic_dynamic_shapes = False
     peers = {}
     for B in batches:
-        for compiled in (False, True):
+        modes = (True,) if os.environ.get("TORCH_SYSTEMS") == "compile" else (False, True)
+        for compiled in modes:
             try:
                 r = run(B, compiled)
             except Exception as e:  # report and go on (e.g. out of memory)
@@ -136,6 +139,7 @@ def main():
                      "batch": B, "error": str(e).splitlines()[0][:300]}
             peers[(B, r["system"])] = r
             print(json.dumps(r), flush=True)
+    ours = [json.loads(l) for l in open(sys.argv[1]) if l.strip().startswith("{")]
     for B in batches:
         mine = [o for o in ours if o.get("batch") == B and o.get("mode") == "graph"
                 and not o.get("budget_gib") and "tokens_per_s" in o]
