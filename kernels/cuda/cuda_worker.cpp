@@ -239,6 +239,10 @@ int train_on_gpu(const WorkerConfig& c, const Plan& plan, const Dataset& data, s
   std::int64_t position = 0;
   std::vector<std::int32_t> x(static_cast<std::size_t>(local)), y(x.size());
   double tokens_timed = 0, seconds_timed = 0;  // steps after the first (capture, NCCL warm-up)
+  // Logged figures are per step over the steps since the last logged one: an unlogged step only
+  // enqueues (the host runs ahead), so its GPU time lands in the next step that synchronises.
+  auto last_log = std::chrono::steady_clock::now();
+  std::int64_t last_log_step = 0;
   for (std::int64_t step = 1; step <= t.steps; ++step) {
     const auto s0 = std::chrono::steady_clock::now();
     // The same steps on every rank (the loss all-reduce is collective).
@@ -286,12 +290,15 @@ int train_on_gpu(const WorkerConfig& c, const Plan& plan, const Dataset& data, s
     if (!mean) return fail("rank " + std::to_string(rank) + ": " + mean.error().message, 1);
     auto norm = ex.last_grad_norm();
     if (!norm) return fail(norm.error().message, 1);
-    const double ms =
-        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - s0).count();
+    const auto now = std::chrono::steady_clock::now();
     if (step > 1) {
       tokens_timed += static_cast<double>(stride * accum);
-      seconds_timed += ms / 1e3;
+      seconds_timed += std::chrono::duration<double>(now - s0).count();
     }
+    const double ms = std::chrono::duration<double, std::milli>(now - last_log).count() /
+                      static_cast<double>(step - last_log_step);
+    last_log = now;
+    last_log_step = step;
     if (rank != 0) continue;
     if (step % t.log_every == 0 || step == 1 || step == t.steps)
       out << fmt("step %5lld/%lld | loss %.6f | lr %.2e | norm %.4f | %.1f ms | %.0f tok/s\n",
