@@ -303,7 +303,10 @@ class AttemptRunner {
       if (running_ == 0) {
         // Every worker is reaped: kill what is left of their groups, drain the pipes, done.
         kill_groups(SIGKILL);
-        if (!pipes_open || Clock::now() > drain_deadline()) break;
+        if (!pipes_open || Clock::now() > drain_deadline()) {
+          drain_ready_pipes();
+          break;
+        }
       }
       int n = ::poll(fds.data(), fds.size(), 100);
       if (n < 0 && errno != EINTR) break;
@@ -331,6 +334,27 @@ class AttemptRunner {
     for (Worker& w : workers_) {
       flush_partial(w, w.out);
       flush_partial(w, w.err);
+    }
+  }
+
+  // What a worker wrote before it exited is already in its pipe: read all of it before giving
+  // up on the pipes, even when this agent was descheduled past the drain deadline (a loaded CI
+  // host lost a rank's last line that way). Reads only what poll says is ready, so a pipe still
+  // held open by a stray process cannot block us.
+  void drain_ready_pipes() {
+    for (int round = 0; round < 4096; ++round) {
+      bool any = false;
+      for (Worker& w : workers_) {
+        for (LineStream* s : {&w.out, &w.err}) {
+          if (!s->fd.valid()) continue;
+          pollfd ready{s->fd.get(), POLLIN, 0};
+          if (::poll(&ready, 1, 0) > 0 && (ready.revents & (POLLIN | POLLHUP | POLLERR))) {
+            read_stream(*s);
+            any = true;
+          }
+        }
+      }
+      if (!any) return;
     }
   }
 
