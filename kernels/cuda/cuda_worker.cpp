@@ -20,6 +20,7 @@
 
 #include "cuda_backend.hpp"
 #include "nccl_communicator.hpp"
+#include "topolaunch/kernels/heartbeat.hpp"
 #include "topolaunch/kernels/worker.hpp"
 
 namespace topolaunch::kernels::cuda {
@@ -41,29 +42,6 @@ std::string env_text(const char* name, const char* fallback) {
   const char* v = std::getenv(name);
   return v != nullptr ? std::string(v) : std::string(fallback);
 }
-
-// The step counter the launcher's agent watches (TOPOLAUNCH_HEARTBEAT_FILE; absent: no-op), as the
-// CPU loop writes it.
-class Heartbeat {
- public:
-  Heartbeat() {
-    const char* path = std::getenv("TOPOLAUNCH_HEARTBEAT_FILE");
-    if (path != nullptr && *path != '\0') fd_ = ::open(path, O_WRONLY | O_CLOEXEC);
-  }
-  ~Heartbeat() {
-    if (fd_ >= 0) ::close(fd_);
-  }
-  Heartbeat(const Heartbeat&) = delete;
-  Heartbeat& operator=(const Heartbeat&) = delete;
-  void beat(std::int64_t step) {
-    if (fd_ < 0) return;
-    const std::string text = std::to_string(step) + "\n";
-    if (::pwrite(fd_, text.data(), text.size(), 0) < 0) return;  // the agent judges a missed beat
-  }
-
- private:
-  int fd_ = -1;
-};
 
 // "0-3,8" from a bit per index (CPUs, NUMA nodes).
 std::string index_list(const std::vector<bool>& bits) {
@@ -233,7 +211,7 @@ int train_on_gpu(const WorkerConfig& c, const Plan& plan, const Dataset& data, s
     return static_cast<double>(v) / world;
   };
 
-  Heartbeat heartbeat;
+  WorkerHeartbeat heartbeat;
   heartbeat.beat(0);
   const std::int64_t n_tokens = static_cast<std::int64_t>(data.tokens.size());
   std::int64_t position = 0;

@@ -14,36 +14,13 @@
 
 #include "topolaunch/kernels/checkpoint.hpp"
 #include "topolaunch/kernels/data.hpp"
+#include "topolaunch/kernels/heartbeat.hpp"
 #include "topolaunch/kernels/job.hpp"
 #include "topolaunch/kernels/rng.hpp"
 
 namespace topolaunch::kernels {
 
 namespace {
-
-// Worker side of the launcher's heartbeat protocol (launcher/heartbeat.hpp, not included: kernels
-// must not depend on the launcher): overwrite TOPOLAUNCH_HEARTBEAT_FILE with the step counter.
-class Heartbeat {
- public:
-  Heartbeat() {
-    const char* path = std::getenv("TOPOLAUNCH_HEARTBEAT_FILE");
-    if (path != nullptr && *path != '\0') fd_ = ::open(path, O_WRONLY | O_CLOEXEC);
-  }
-  ~Heartbeat() {
-    if (fd_ >= 0) ::close(fd_);
-  }
-  Heartbeat(const Heartbeat&) = delete;
-  Heartbeat& operator=(const Heartbeat&) = delete;
-  void beat(std::int64_t step) {
-    if (fd_ < 0) return;
-    const std::string text = std::to_string(step) + "\n";
-    if (::pwrite(fd_, text.data(), text.size(), 0) < 0)
-      return;  // a missed beat is the agent's to judge
-  }
-
- private:
-  int fd_ = -1;
-};
 
 // A signal handler can only touch a lock-free flag; this is the one piece of process state.
 volatile std::sig_atomic_t g_stop_signal = 0;
@@ -220,7 +197,7 @@ int run_worker(const WorkerOptions& o, std::ostream& out, std::ostream& err) {
   ::sigaction(SIGUSR1, &sa, nullptr);
   ::sigaction(SIGTERM, &sa, nullptr);
 
-  Heartbeat heartbeat;
+  WorkerHeartbeat heartbeat;
   heartbeat.beat(state.step);
   const std::int64_t n_tokens = static_cast<std::int64_t>(data.tokens.size());
   auto save = [&]() -> Status {
