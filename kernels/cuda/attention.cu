@@ -12,26 +12,12 @@
 // compute dK, dV and blocks walking query blocks compute dQ, so every gradient element has exactly
 // one writer: no atomics, deterministic, and the read-add-write of the bf16 dqkv implements the
 // accumulate convention. (tensor_core_atomic, FA2's schedule with dQ atomics, is kept to compare.)
-#include "attention.cuh"
+#include "attention_variants.cuh"
 
 #include <cmath>
 
 namespace topolaunch::kernels::cuda {
 
-// Which implementation attention_forward/attention_backward use; the test and the benchmark call
-// both through the *_with entry points below.
-// The tensor-core kinds differ in the forward only: tensor_core = blocks of 128 queries, 8 warps
-// of 16 rows; tensor_core_m64 = 64 queries, 4 warps of 16 rows; tensor_core_w32 = 128 queries,
-// 4 warps of 32 rows. They share the backward. tensor_core_atomic = tensor_core's forward and FA2's
-// backward schedule (dQ by fp32 atomics, B*T*C*4 more workspace bytes: see
-// attention_backward_workspace_bytes_with). Pointers not 16-byte aligned take the simple path.
-enum class AttentionKernel {
-  simple,
-  tensor_core,
-  tensor_core_m64,
-  tensor_core_w32,
-  tensor_core_atomic
-};
 // Defaults from the H200 run of 2026-11-29 (tests/bench/kernels/results/gpu-h200-attention.json):
 // every kind passed test_attention; forward ms at B=16/64, T=1024: w32 0.119/0.477, tensor_core
 // 0.129/0.487, m64 0.127/0.539; backward: split 0.399/1.571, atomic 0.461/1.968.

@@ -14,29 +14,7 @@
 #include <string>
 #include <vector>
 
-#include "attention.cuh"
-
-namespace topolaunch::kernels::cuda {
-// The implementation selector of attention.cu (declared there; not part of attention.cuh).
-enum class AttentionKernel {
-  simple,
-  tensor_core,
-  tensor_core_m64,
-  tensor_core_w32,
-  tensor_core_atomic
-};
-std::size_t attention_backward_workspace_bytes_with(AttentionKernel kind, std::int64_t B,
-                                                    std::int64_t T, std::int64_t C,
-                                                    std::int64_t NH);
-cudaError_t attention_forward_with(AttentionKernel kind, __nv_bfloat16* y, float* lse,
-                                   const __nv_bfloat16* qkv, std::int64_t B, std::int64_t T,
-                                   std::int64_t C, std::int64_t NH, cudaStream_t stream);
-cudaError_t attention_backward_with(AttentionKernel kind, __nv_bfloat16* dqkv, void* workspace,
-                                    const __nv_bfloat16* dy, const __nv_bfloat16* qkv,
-                                    const __nv_bfloat16* y, const float* lse, std::int64_t B,
-                                    std::int64_t T, std::int64_t C, std::int64_t NH,
-                                    cudaStream_t stream);
-}  // namespace topolaunch::kernels::cuda
+#include "attention_variants.cuh"
 
 namespace gpu = topolaunch::kernels::cuda;
 using bf16 = __nv_bfloat16;
