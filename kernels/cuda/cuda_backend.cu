@@ -550,6 +550,23 @@ Result<std::vector<float>> CudaExecutor::values(TensorId t) {
   return out;
 }
 
+Status CudaExecutor::set_values(TensorId t, std::span<const float> values) {
+  const Tensor& tensor = plan_.graph[t];
+  if (tensor.dtype != DType::f32 || static_cast<std::int64_t>(values.size()) != tensor.elements())
+    return make_error("cuda backend: set_values: '" + tensor.name + "' takes " +
+                      std::to_string(tensor.elements()) + " fp32 values, got " +
+                      std::to_string(values.size()) +
+                      (tensor.dtype == DType::f32 ? "" : " (it is not an fp32 tensor)"));
+  void* dst = device_pointer(t);
+  if (dst == nullptr) return make_error("cuda backend: tensor '" + tensor.name + "' has no offset");
+  TL_CUDA_TRY(cudaMemcpyAsync(dst, values.data(), values.size() * sizeof(float),
+                              cudaMemcpyHostToDevice, stream_),
+              "copy of " + tensor.name);
+  // the host buffer is the caller's: finish the copy before returning
+  TL_CUDA_TRY(cudaStreamSynchronize(stream_), "copy of " + tensor.name);
+  return ok_status();
+}
+
 Result<std::vector<float>> CudaExecutor::parameter(TensorId p) {
   const TensorId master = master_of_[static_cast<std::size_t>(p)];
   return values(master != kNoTensor ? master : p);

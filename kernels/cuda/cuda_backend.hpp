@@ -102,6 +102,9 @@ class CudaExecutor {
   Result<std::vector<float>> parameter(TensorId param);
   // Any float tensor (bf16 or fp32) copied to the host as float; synchronises the stream.
   Result<std::vector<float>> values(TensorId t);
+  // An fp32 tensor (AdamW moments, master weights: what a checkpoint restores) from host values;
+  // synchronises the stream. Parameters go through set_parameter (it refreshes the bf16 copy).
+  Status set_values(TensorId t, std::span<const float> values);
 
   // Tokens and targets of the next micro-step (B*T each), staged in pinned memory and copied
   // asynchronously before the next launch.
