@@ -102,5 +102,7 @@ void to_bf16(bf16* out, const float* in, std::int64_t n, cudaStream_t stream);
 // dbias (OC) += sum over the N rows of dy (N,OC).
 void bias_backward(float* dbias, const bf16* dy, std::int64_t N, std::int64_t OC,
                    cudaStream_t stream);
+// dbias (OC) += part (OC): the fused bias gradient (cuBLASLt's BGRADB writes part) accumulated.
+void bias_grad_add(float* dbias, const float* part, std::int64_t OC, cudaStream_t stream);
 
 }  // namespace topolaunch::kernels::cuda

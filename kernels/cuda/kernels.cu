@@ -363,6 +363,12 @@ __global__ void bias_backward_kernel(float* dbias, const bf16* dy, std::int64_t 
   }
 }
 
+// dbias += part (the fused bias gradient, written by cuBLASLt's BGRADB epilogue).
+__global__ void bias_grad_add_kernel(float* dbias, const float* part, std::int64_t OC) {
+  const std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x;
+  if (i < OC) dbias[i] += part[i];
+}
+
 // ---- 16-byte vectorised kernels ------------------------------------------------------------
 // The paths below need 16-byte aligned pointers and sizes in whole 16-byte packs; the host
 // functions check that and otherwise take the scalar kernels above (same results).
@@ -1237,6 +1243,11 @@ void bias_backward(float* dbias, const bf16* dy, std::int64_t N, std::int64_t OC
   constexpr std::int64_t kRowsPerBlock = 256;
   const dim3 grid(blocks_for(OC, kWarp), blocks_for(N, kRowsPerBlock));
   bias_backward_kernel<<<grid, dim3(kWarp, 8), 0, stream>>>(dbias, dy, N, OC, kRowsPerBlock);
+}
+
+void bias_grad_add(float* dbias, const float* part, std::int64_t OC, cudaStream_t stream) {
+  if (OC <= 0) return;
+  bias_grad_add_kernel<<<blocks_for(OC, 256), 256, 0, stream>>>(dbias, part, OC);
 }
 
 }  // namespace topolaunch::kernels::cuda

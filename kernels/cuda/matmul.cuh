@@ -2,6 +2,24 @@
 // fused as an epilogue. Descriptors, layouts and the chosen algorithm are built once per shape
 // and cached (llm.c rebuilds them on every call); the workspace is allocated once, so the calls
 // can be captured in a CUDA Graph.
+//
+// Algorithm choice by measurement (autotune, on by default): at the first use of a GEMM key
+// (shape, layout, epilogue) on a stream that is not capturing, up to kTuneCandidates of
+// cuBLASLt's heuristic results are each run on the call's real operands (one warm-up, then the
+// median of kTuneReps timed calls) and the fastest is kept; the heuristic's first stays unless
+// another is at least kTuneMinGain faster. Results are unchanged: beta-0 calls are timed in place
+// (the real call runs after and overwrites D), for beta-1 calls D is copied to a temporary device
+// buffer first and copied back before the real call (the buffer is freed at once: steady-state
+// memory does not grow). A key first used while the stream is capturing takes the heuristic's
+// first (no synchronisation inside a capture). Timings differ between runs, so the chosen
+// algorithm (and with it the last bits of a result) can differ between runs; within one Matmul a
+// key's choice never changes.
+//
+// Bias gradient: dbias = column sums of dy is either a separate pass over dy (bias_backward) or
+// fused into the weight-gradient GEMM (CUBLASLT_EPILOGUE_BGRADB on dW' = X' dY'^T reduces dY' over
+// k = N), written to a small fp32 scratch and added into dbias (dbias accumulates; cuBLASLt
+// overwrites). FusedBiasGrad::measured (default) times both at the first eager use of a shape and
+// keeps the faster.
 #pragma once
 
 #include <cublasLt.h>
@@ -13,12 +31,53 @@
 #include <memory>
 #include <string>
 #include <tuple>
+#include <vector>
 
 namespace topolaunch::kernels::cuda {
 
+// How the bias gradient of matmul_backward* is computed.
+enum class FusedBiasGrad : std::uint8_t {
+  measured,  // the faster of fused and separate, timed at the first eager use of a shape
+             // (separate when autotune is off or the first use is captured)
+  always,    // fused whenever cuBLASLt has an algorithm for it, else separate
+  never,     // always the separate pass (bias_backward)
+};
+
+// What autotune chose for one GEMM key (tuning_report()).
+struct GemmTuning {
+  bool trans_a = false, trans_b = false;
+  std::int64_t m = 0, n = 0, k = 0;
+  int d_type = 0;    // cudaDataType_t of D
+  int epilogue = 0;  // cublasLtEpilogue_t
+  float beta = 0;
+  int candidates = 0;      // heuristic results returned
+  int timed = 0;           // candidates that ran (fit the workspace, no error)
+  int chosen_index = 0;    // index into the heuristic's list (0: its first)
+  bool tuned = false;      // false: heuristic's first without timing (capture, autotune off)
+  float heuristic_ms = 0;  // median of the heuristic's first (0 when not tuned)
+  float chosen_ms = 0;     // median of the chosen one
+};
+
+// The bias-gradient decision for one weight-gradient shape (bias_report()).
+struct BiasGradChoice {
+  std::int64_t N = 0, C = 0, OC = 0;
+  bool fused = false;
+  bool fused_supported = false;  // cuBLASLt returned an algorithm for BGRADB
+  bool measured = false;
+  float separate_ms = 0;  // tuned dW GEMM + bias_backward pass
+  float fused_ms = 0;     // tuned BGRADB GEMM + the add into dbias
+};
+
 class Matmul {
  public:
-  // Creates the cuBLASLt handle and a 32 MiB workspace (Hopper kernels want it).
+  static constexpr int kTuneCandidates = 12;
+  static constexpr int kTuneReps = 3;
+  static constexpr float kTuneMinGain = 0.01f;  // 1%: below that, timing noise
+  // The fused bias gradient's scratch (fp32, allocated once): OC up to this.
+  static constexpr std::int64_t kMaxFusedBiasOC = 65536;
+
+  // Creates the cuBLASLt handle, a 32 MiB workspace (Hopper kernels want it) and the bias
+  // gradient scratch (2 x kMaxFusedBiasOC floats).
   Matmul();
   ~Matmul();
   Matmul(const Matmul&) = delete;
@@ -26,6 +85,16 @@ class Matmul {
 
   // Empty when construction worked, else what failed.
   const std::string& error() const { return error_; }
+
+  // Off: every key takes the heuristic's first result (the behaviour before autotune). Applies to
+  // keys first used after the call.
+  void set_autotune(bool on) { autotune_ = on; }
+  bool autotune() const { return autotune_; }
+  void set_fused_bias_grad(FusedBiasGrad mode) { fused_bias_mode_ = mode; }
+  FusedBiasGrad fused_bias_grad() const { return fused_bias_mode_; }
+  // What was chosen per GEMM key and per bias-gradient shape so far.
+  std::vector<GemmTuning> tuning_report() const;
+  std::vector<BiasGradChoice> bias_report() const;
 
   // y (N,OC) = x (N,C) @ w(OC,C)^T + bias; bias may be null.
   cublasStatus_t matmul_forward(__nv_bfloat16* y, const __nv_bfloat16* x, const __nv_bfloat16* w,
@@ -38,6 +107,14 @@ class Matmul {
                                  const __nv_bfloat16* dy, const __nv_bfloat16* x,
                                  const __nv_bfloat16* w, std::int64_t N, std::int64_t C,
                                  std::int64_t OC, cudaStream_t stream, bool overwrite_dx = false);
+  // The two halves of matmul_backward (benchmarks time them apart).
+  cublasStatus_t matmul_backward_dx(__nv_bfloat16* dx, const __nv_bfloat16* dy,
+                                    const __nv_bfloat16* w, std::int64_t N, std::int64_t C,
+                                    std::int64_t OC, cudaStream_t stream,
+                                    bool overwrite_dx = false);
+  cublasStatus_t matmul_backward_dw(float* dw, float* dbias, const __nv_bfloat16* dy,
+                                    const __nv_bfloat16* x, std::int64_t N, std::int64_t C,
+                                    std::int64_t OC, cudaStream_t stream);
 
   // GELU fused into the GEMM's epilogue (CUBLASLT_EPILOGUE_GELU_AUX[_BIAS], tanh GELU):
   // pre (N,OC) = x @ w^T + bias (the GELU input, kept for the backward), y (N,OC) = gelu(pre);
@@ -58,21 +135,52 @@ class Matmul {
 
  private:
   struct Gemm;  // one cached descriptor set
-  // D (m,n, column-major) = alpha op(A) op(B) + beta C; C and D are the same buffer.
-  // aux (bf16, leading dimension ldd): the GELU input written (GELU_AUX) or read (DGELU).
-  cublasStatus_t gemm(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k,
-                      const void* a, std::int64_t lda, const void* b, std::int64_t ldb, void* d,
-                      std::int64_t ldd, cudaDataType_t d_type, float beta, const void* bias,
-                      cudaStream_t stream,
-                      cublasLtEpilogue_t gelu_epilogue = CUBLASLT_EPILOGUE_DEFAULT,
-                      const void* aux = nullptr);
+  // One GEMM call: D (m,n, column-major) = alpha op(A) op(B) + beta C; C and D are the same
+  // buffer. aux (bf16, leading dimension ldd): the GELU input written (GELU_AUX) or read (DGELU).
+  // bias: the forward bias (BIAS, GELU_AUX) or the fp32 bias-gradient output (BGRADB).
+  struct Call {
+    bool trans_a = false, trans_b = false;
+    std::int64_t m = 0, n = 0, k = 0;
+    const void* a = nullptr;
+    std::int64_t lda = 0;
+    const void* b = nullptr;
+    std::int64_t ldb = 0;
+    void* d = nullptr;
+    std::int64_t ldd = 0;
+    cudaDataType_t d_type = CUDA_R_16BF;
+    float beta = 0;
+    const void* bias = nullptr;
+    cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_DEFAULT;  // DEFAULT, GELU_AUX, DGELU, BGRADB
+    const void* aux = nullptr;
+  };
+  cublasStatus_t gemm(const Call& call, cudaStream_t stream);
+  // The cached descriptors of call's key, built (and tuned) at its first use; null and *status
+  // set when cuBLASLt has no algorithm or an error.
+  Gemm* lookup(const Call& call, cudaStream_t stream, cublasStatus_t* status);
+  cublasStatus_t run(Gemm& g, const Call& call, const cublasLtMatmulAlgo_t& algo,
+                     cudaStream_t stream);
+  // Times candidates on the call's operands and keeps the fastest in g (see the file comment).
+  void tune(Gemm& g, const Call& call, const cublasLtMatmulHeuristicResult_t* results, int count,
+            cudaStream_t stream);
+  // Median ms of kTuneReps runs of fn on stream after one warm-up; < 0 when fn failed.
+  template <class Fn>
+  float time_median_ms(Fn&& fn, cudaStream_t stream);
+  bool capturing(cudaStream_t stream) const;
+  // Decides (once per shape) whether the bias gradient of dW' (C,OC) is fused.
+  bool use_fused_bias(const Call& dw_call, float* dbias, std::int64_t N, std::int64_t C,
+                      std::int64_t OC, cudaStream_t stream);
 
   using Key = std::tuple<bool, bool, std::int64_t, std::int64_t, std::int64_t, std::int64_t,
-                         std::int64_t, std::int64_t, int, bool, int>;
+                         std::int64_t, std::int64_t, int, bool, int, float>;
+  static Key key_of(const Call& call);
   std::map<Key, std::unique_ptr<Gemm>> cache_;
+  std::map<std::tuple<std::int64_t, std::int64_t, std::int64_t>, BiasGradChoice> bias_choice_;
   cublasLtHandle_t handle_ = nullptr;
   void* workspace_ = nullptr;
   std::size_t workspace_bytes_ = std::size_t{32} << 20;
+  float* bias_scratch_ = nullptr;  // 2 * kMaxFusedBiasOC: BGRADB output, timing sink
+  bool autotune_ = true;
+  FusedBiasGrad fused_bias_mode_ = FusedBiasGrad::measured;
   std::string error_;
 };
 

@@ -538,6 +538,140 @@ void test_matmul_gelu(std::mt19937& rng, gpu::Matmul& mm, std::int64_t N, std::i
   compare("matmul_backward_dgelu dbias (fp32, +=)" + shape, download(*dgb), gb, 1e-4, 1e-5);
 }
 
+// Every GEMM key a Matmul tuned eagerly: timed (not the untimed fallback), a valid index into
+// the heuristic's list, the chosen one no slower than the heuristic's first.
+void check_tuned(const gpu::Matmul& mm, const std::string& name) {
+  ++g_checks;
+  const auto report = mm.tuning_report();
+  int bad = 0;
+  for (const auto& t : report) {
+    const bool ok = t.tuned && t.timed > 0 && t.chosen_index >= 0 &&
+                    t.chosen_index < t.candidates && t.chosen_ms > 0 &&
+                    t.chosen_ms <= t.heuristic_ms;
+    if (!ok) {
+      ++bad;
+      std::printf(
+          "     untuned key m=%lld n=%lld k=%lld epilogue=%d tuned=%d timed=%d chosen=%d/%d\n",
+          static_cast<long long>(t.m), static_cast<long long>(t.n), static_cast<long long>(t.k),
+          t.epilogue, t.tuned ? 1 : 0, t.timed, t.chosen_index, t.candidates);
+    }
+  }
+  const bool ok = bad == 0 && !report.empty();
+  if (!ok) ++g_failures;
+  std::printf("%-4s %s: %zu GEMM keys tuned at first use (%d not)\n", ok ? "ok" : "FAIL",
+              name.c_str(), report.size(), bad);
+}
+
+// The fused bias gradient (BGRADB into a scratch, added into dbias) against the separate pass,
+// on identical inputs with nonzero initial dw and dbias: dbias within fp32 summation tolerance,
+// dw equal up to the GEMM algorithm (both Matmuls tune independently).
+void test_fused_bias_grad(std::mt19937& rng, std::int64_t N, std::int64_t C, std::int64_t OC) {
+  const std::string shape =
+      " N=" + std::to_string(N) + " C=" + std::to_string(C) + " OC=" + std::to_string(OC);
+  const Vec x = random_vec(rng, N * C, -1, 1, true), g = random_vec(rng, N * OC, -1, 1, true),
+            gw = random_vec(rng, OC * C, -1, 1, false), gb = random_vec(rng, OC, -1, 1, false);
+  std::unique_ptr<Dev<bf16>> dx(upload_bf16(x)), dg(upload_bf16(g));
+  Vec result_dw[2], result_db[2];
+  bool supported = false;
+  for (int fused = 0; fused < 2; ++fused) {
+    gpu::Matmul mm;
+    mm.set_fused_bias_grad(fused ? gpu::FusedBiasGrad::always : gpu::FusedBiasGrad::never);
+    std::unique_ptr<Dev<float>> dgw(upload(gw)), dgb(upload(gb));
+    // twice: the first call decides (and tunes), the second takes the cached path
+    for (int rep = 0; rep < 2; ++rep) {
+      const cublasStatus_t st =
+          mm.matmul_backward_dw(dgw->p, dgb->p, dg->p, dx->p, N, C, OC, nullptr);
+      if (st != CUBLAS_STATUS_SUCCESS) {
+        std::printf("FAIL matmul_backward_dw%s fused=%d: cublasLt status %d\n", shape.c_str(),
+                    fused, static_cast<int>(st));
+        ++g_failures;
+        ++g_checks;
+        return;
+      }
+    }
+    result_dw[fused] = download(*dgw);
+    result_db[fused] = download(*dgb);
+    if (fused) {
+      const auto report = mm.bias_report();
+      supported = report.size() == 1 && report[0].fused && report[0].fused_supported;
+    }
+  }
+  ++g_checks;
+  if (!supported) {
+    ++g_failures;
+    std::printf("FAIL fused bias gradient%s: cuBLASLt has no BGRADB algorithm (fp32 D, bf16 A/B)\n",
+                shape.c_str());
+    return;
+  }
+  --g_checks;
+  // reference for dbias: two calls, each adds the column sums
+  Vec db_ref = gb;
+  for (std::int64_t c = 0; c < OC; ++c) {
+    double sum = 0;
+    for (std::int64_t r = 0; r < N; ++r) sum += g[r * OC + c];
+    db_ref[c] = static_cast<float>(gb[c] + 2 * sum);
+  }
+  compare("bias grad separate (x2, +=)" + shape, result_db[0], db_ref, 1e-5, 1e-5);
+  compare("bias grad fused BGRADB (x2, +=)" + shape, result_db[1], db_ref, 1e-5, 1e-5);
+  compare("bias grad fused == separate" + shape, result_db[1], result_db[0], 1e-5, 1e-5);
+  compare("dw with fused bias == separate" + shape, result_dw[1], result_dw[0], 1e-4, 1e-5);
+}
+
+// A key first used while the stream is capturing: no tuning (no synchronisation inside the
+// capture), the heuristic's first, and the captured graph computes the right result; the bias
+// gradient under FusedBiasGrad::measured falls back to the separate pass.
+void test_matmul_capture_first_use(std::mt19937& rng, std::int64_t N, std::int64_t C,
+                                   std::int64_t OC) {
+  const std::string shape =
+      " N=" + std::to_string(N) + " C=" + std::to_string(C) + " OC=" + std::to_string(OC);
+  const Vec x = random_vec(rng, N * C, -1, 1, true), w = random_vec(rng, OC * C, -0.1f, 0.1f, true),
+            bias = random_vec(rng, OC, -1, 1, true), g = random_vec(rng, N * OC, -1, 1, true);
+  Vec y(N * OC), gx = random_vec(rng, N * C, -1, 1, true),
+                 gw = random_vec(rng, OC * C, -1, 1, false), gb = random_vec(rng, OC, -1, 1, false);
+  std::unique_ptr<Dev<bf16>> dx(upload_bf16(x)), dw(upload_bf16(w)), db(upload_bf16(bias)),
+      dy(new Dev<bf16>(N * OC)), dg(upload_bf16(g)), dgx(upload_bf16(gx));
+  std::unique_ptr<Dev<float>> dgw(upload(gw)), dgb(upload(gb));
+  cpu::matmul_forward(y.data(), x.data(), w.data(), bias.data(), N, C, OC);
+  cpu::matmul_backward(gx.data(), gw.data(), gb.data(), g.data(), x.data(), w.data(), N, C, OC);
+  gpu::Matmul mm;
+  cudaStream_t stream = nullptr;
+  check_cuda(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "stream");
+  check_cuda(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal), "begin capture");
+  const cublasStatus_t s1 = mm.matmul_forward(dy->p, dx->p, dw->p, db->p, N, C, OC, stream);
+  const cublasStatus_t s2 =
+      mm.matmul_backward(dgx->p, dgw->p, dgb->p, dg->p, dx->p, dw->p, N, C, OC, stream);
+  cudaGraph_t graph = nullptr;
+  const cudaError_t end = cudaStreamEndCapture(stream, &graph);
+  ++g_checks;
+  if (s1 != CUBLAS_STATUS_SUCCESS || s2 != CUBLAS_STATUS_SUCCESS || end != cudaSuccess) {
+    ++g_failures;
+    std::printf("FAIL matmul under capture at first use%s: status %d %d, end capture: %s\n",
+                shape.c_str(), static_cast<int>(s1), static_cast<int>(s2), cudaGetErrorString(end));
+    return;
+  }
+  cudaGraphExec_t exec = nullptr;
+  check_cuda(cudaGraphInstantiate(&exec, graph, 0), "instantiate");
+  check_cuda(cudaGraphLaunch(exec, stream), "graph launch");
+  check_cuda(cudaStreamSynchronize(stream), "graph run");
+  int tuned = 0;
+  const auto report = mm.tuning_report();
+  for (const auto& t : report) tuned += t.tuned ? 1 : 0;
+  const auto bias_choice = mm.bias_report();
+  const bool ok =
+      tuned == 0 && report.size() == 3 && bias_choice.size() == 1 && !bias_choice[0].fused;
+  if (!ok) ++g_failures;
+  std::printf("%-4s capture at first use%s: %zu keys, %d tuned (want 0), bias fused=%d (want 0)\n",
+              ok ? "ok" : "FAIL", shape.c_str(), report.size(), tuned,
+              bias_choice.empty() ? -1 : static_cast<int>(bias_choice[0].fused));
+  compare("captured matmul_forward" + shape, download(*dy), y, kBf16Rtol, kBf16Atol);
+  compare("captured matmul_backward dx (+=)" + shape, download(*dgx), gx, kBf16Rtol, kBf16Atol);
+  compare("captured matmul_backward dw (fp32, +=)" + shape, download(*dgw), gw, 1e-4, 1e-5);
+  compare("captured matmul_backward dbias (fp32, +=)" + shape, download(*dgb), gb, 1e-4, 1e-5);
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+  cudaStreamDestroy(stream);
+}
+
 }  // namespace
 
 int main() {
@@ -586,12 +720,43 @@ int main() {
     std::printf("FAIL cuBLASLt setup: %s\n", mm.error().c_str());
     return 1 + g_failures;
   }
-  test_matmul(rng, mm, 256, 768, 2304, true);   // qkv
-  test_matmul(rng, mm, 256, 3072, 768, true);   // fc projection
-  test_matmul(rng, mm, 256, 768, 3072, false);  // no bias
-  test_matmul(rng, mm, 100, 64, 200, true);     // small, odd
-  test_matmul_gelu(rng, mm, 256, 768, 3072);    // fc (forward) and fc projection (backward)
-  test_matmul_gelu(rng, mm, 100, 64, 200);
+  // mm: autotune on (the default), bias gradient fused or not as measured; mm_heuristic: the
+  // heuristic's first algorithm and the separate bias pass (the behaviour before autotune)
+  gpu::Matmul mm_heuristic;
+  mm_heuristic.set_autotune(false);
+  mm_heuristic.set_fused_bias_grad(gpu::FusedBiasGrad::never);
+  for (gpu::Matmul* m : {&mm, &mm_heuristic}) {
+    std::printf("-- matmul, autotune %s\n", m->autotune() ? "on" : "off");
+    test_matmul(rng, *m, 256, 768, 2304, true);   // qkv
+    test_matmul(rng, *m, 256, 768, 768, true);    // attention projection
+    test_matmul(rng, *m, 256, 768, 3072, true);   // fc
+    test_matmul(rng, *m, 256, 3072, 768, true);   // fc projection
+    test_matmul(rng, *m, 256, 768, 3072, false);  // no bias
+    test_matmul(rng, *m, 64, 768, 50304, false);  // lm head (padded vocabulary)
+    test_matmul(rng, *m, 100, 64, 200, true);     // small, odd
+    test_matmul_gelu(rng, *m, 256, 768, 3072);    // fc (forward) and fc projection (backward)
+    test_matmul_gelu(rng, *m, 100, 64, 200);
+  }
+  check_tuned(mm, "autotune on");
+  for (const auto& b : mm.bias_report())
+    std::printf(
+        "     bias grad N=%lld C=%lld OC=%lld: fused=%d supported=%d separate %.4f ms, "
+        "fused %.4f ms\n",
+        static_cast<long long>(b.N), static_cast<long long>(b.C), static_cast<long long>(b.OC),
+        b.fused ? 1 : 0, b.fused_supported ? 1 : 0, b.separate_ms, b.fused_ms);
+  {
+    ++g_checks;
+    int tuned = 0;
+    for (const auto& t : mm_heuristic.tuning_report()) tuned += t.tuned ? 1 : 0;
+    const bool ok = tuned == 0 && !mm_heuristic.tuning_report().empty();
+    if (!ok) ++g_failures;
+    std::printf("%-4s autotune off: %d of %zu keys tuned (want 0)\n", ok ? "ok" : "FAIL", tuned,
+                mm_heuristic.tuning_report().size());
+  }
+  test_fused_bias_grad(rng, 4096, 768, 2304);  // qkv
+  test_fused_bias_grad(rng, 4096, 3072, 768);  // fc projection
+  test_fused_bias_grad(rng, 1000, 64, 200);    // small, odd
+  test_matmul_capture_first_use(rng, 256, 768, 2304);
   check_cuda(cudaDeviceSynchronize(), "final");
   std::printf("%d of %d checks passed\n", g_checks - g_failures, g_checks);
   return g_failures == 0 ? 0 : 1;
