@@ -134,8 +134,9 @@ class NcclCommunicator TOPOLAUNCH_NCCL_BASE {
 
 // The communicator a worker started by `topolaunch run` makes: the store from the environment the
 // launcher sets (wireup::connect_from_env), run_id and attempt from TOPOLAUNCH_RUN_ID and
-// TOPOLAUNCH_ATTEMPT, the device from TOPOLAUNCH_LOCAL_RANK (else LOCAL_RANK, else the current
-// one). Fields of `base` other than those keep their values.
+// TOPOLAUNCH_ATTEMPT; the device is base.device when it is >= 0, else TOPOLAUNCH_LOCAL_RANK (else
+// LOCAL_RANK) modulo the visible GPUs (cuda_device_for_local_rank: 0 under the launcher's
+// per-rank CUDA_VISIBLE_DEVICES), else the current one. Other fields of `base` keep their values.
 Result<std::unique_ptr<NcclCommunicator>> nccl_communicator_from_env(NcclOptions base = {});
 
 }  // namespace topolaunch::kernels::cuda

@@ -3,6 +3,7 @@
 // Kept apart from nccl_communicator.cpp so that the core needs only the KvStore interface.
 #include <charconv>
 
+#include "cuda_worker_parts.hpp"
 #include "nccl_communicator.hpp"
 
 namespace topolaunch::kernels::cuda {
@@ -29,11 +30,22 @@ Result<std::unique_ptr<NcclCommunicator>> nccl_communicator_from_env(NcclOptions
   auto attempt = int_var(env, "TOPOLAUNCH_ATTEMPT", base.attempt);
   if (!attempt) return attempt.error();
   base.attempt = *attempt;
-  auto local = int_var(env, "LOCAL_RANK", base.device);
-  if (!local) return local.error();
-  auto device = int_var(env, "TOPOLAUNCH_LOCAL_RANK", *local);
-  if (!device) return device.error();
-  base.device = *device;
+  // The device: the caller's when it names one; else the node-local rank modulo the GPUs this
+  // process sees (the launcher isolates each rank with CUDA_VISIBLE_DEVICES, so its only visible
+  // GPU is device 0 whatever the local rank is); else the current device.
+  if (base.device < 0) {
+    auto local = int_var(env, "LOCAL_RANK", -1);
+    if (!local) return local.error();
+    auto local_rank = int_var(env, "TOPOLAUNCH_LOCAL_RANK", *local);
+    if (!local_rank) return local_rank.error();
+    if (*local_rank >= 0) {
+      int visible = 0;
+      if (cudaGetDeviceCount(&visible) != cudaSuccess) visible = 0;
+      auto device = cuda_device_for_local_rank(*local_rank, visible);
+      if (!device) return make_error("nccl: " + device.error().message, device.error().exit_code);
+      base.device = *device;
+    }
+  }
   auto store = wireup::connect_from_env(env, base.timeout);
   if (!store)
     return make_error("nccl: connecting to the wireup store: " + store.error().message, 1);
