@@ -13,7 +13,7 @@
 #       per-step communication lines (all-reduce bytes, ms, exposed ms against the plan and a
 #       deliberately tight [budget], whose warnings name the keys), then SIGUSR1 to the launcher
 #       (it relays it to both workers): both ranks stop after the same step, exit 75, checkpoint.
-# Each stage runs under `timeout`. Everything goes to $OUT (5 files): build.log, single.log,
+# Each stage runs under `timeout` (or a watchdog where the test signals the process itself). Everything goes to $OUT (5 files): build.log, single.log,
 # ddp.log, result.json, summary.txt.
 set -uo pipefail
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
@@ -28,6 +28,13 @@ rm -rf "$WORK"/*
 T0=$SECONDS
 stage() { echo; echo "=== STAGE $1 (at $((SECONDS - T0)) s)"; }
 declare -A RC
+# watchdog PID SECONDS: the `timeout` of a background child that we signal ourselves.
+watchdog() {
+  # (1 s naps, output to /dev/null: killing it leaves no long sleep holding the log pipe open)
+  ( for _ in $(seq 1 "$2"); do kill -0 "$1" 2>/dev/null || exit 0; sleep 1; done
+    kill -TERM "$1" 2>/dev/null; sleep 10; kill -KILL "$1" 2>/dev/null ) > /dev/null 2>&1 &
+  WATCHDOG=$!
+}
 
 stage "build (tests/gpu/run_launcher_on_gpu_host.sh, BUILD_ONLY=1)"
 # (STEPS=5, SINGLE_START_BY_S=0: should a version of that script lack BUILD_ONLY, its own job
@@ -79,12 +86,15 @@ RC[a]=$?
 echo "exit status ${RC[a]}"; grep -E "^(step|done|throughput|topolaunch-worker)" "$WORK/a.log"
 
 stage "(b) SIGUSR1 once step $SIGNAL_AT is logged"
-CUDA_VISIBLE_DEVICES=0 env -u WORLD_SIZE -u RANK timeout 60 topolaunch-worker "$WORK/small.toml" \
+# Not under `timeout` (it would take the signal itself): the worker is our child, a watchdog kills
+# it after 60 s.
+CUDA_VISIBLE_DEVICES=0 env -u WORLD_SIZE -u RANK topolaunch-worker "$WORK/small.toml" \
   --set train.metrics_file="\"$WORK/b.jsonl\"" --set train.checkpoint_dir="\"$WORK/ckpt-b\"" \
   --set train.resume=false > "$WORK/b.log" 2>&1 &
 pid=$!
+watchdog $pid 60
 for _ in $(seq 1 3000); do
-  n=$(wc -l < "$WORK/b.jsonl" 2>/dev/null || echo 0)
+  n=$(cat "$WORK/b.jsonl" 2>/dev/null | wc -l)
   [ "${n:-0}" -ge "$SIGNAL_AT" ] && break
   kill -0 $pid 2>/dev/null || break
   sleep 0.01
@@ -92,6 +102,7 @@ done
 kill -USR1 $pid 2>/dev/null && echo "SIGUSR1 sent after $n logged steps"
 wait $pid
 RC[b]=$?
+kill $WATCHDOG 2>/dev/null
 echo "exit status ${RC[b]} (expected 75)"
 grep -E "^(step|stopped|done|topolaunch-worker)" "$WORK/b.log"
 ls -l "$WORK/ckpt-b/"
@@ -157,8 +168,9 @@ log_every = 10
 EOT
 stage "(d) 2 ranks, topolaunch run --local, SIGUSR1 to the launcher after step 30"
 JOBDIR=$WORK/ddp-job
-timeout 70 topolaunch run "$WORK/ddp.toml" --local --job-dir "$JOBDIR" > "$WORK/ddp-launcher.log" 2>&1 &
+topolaunch run "$WORK/ddp.toml" --local --job-dir "$JOBDIR" > "$WORK/ddp-launcher.log" 2>&1 &
 lpid=$!
+watchdog $lpid 70  # SIGTERM (the launcher stops its workers), SIGKILL 10 s later
 for _ in $(seq 1 9000); do
   grep -qE "^step +30/" "$JOBDIR"/attempt-*/rank-0.log 2>/dev/null && break
   kill -0 $lpid 2>/dev/null || break
@@ -167,6 +179,7 @@ done
 kill -USR1 $lpid 2>/dev/null && echo "SIGUSR1 sent to topolaunch (pid $lpid)"
 wait $lpid
 RC[d]=$?
+kill $WATCHDOG 2>/dev/null
 echo "topolaunch exit status ${RC[d]} (3: stopped for requeue)"
 {
   echo "##### topolaunch"; cat "$WORK/ddp-launcher.log"
