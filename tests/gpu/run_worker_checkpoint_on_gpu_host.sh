@@ -12,7 +12,10 @@
 #   (d) GPT-2 124M on 2 GPUs through `topolaunch run --local` (one rank per GPU, NCCL): the
 #       per-step communication lines (all-reduce bytes, ms, exposed ms against the plan and a
 #       deliberately tight [budget], whose warnings name the keys), then SIGUSR1 to the launcher
-#       (it relays it to both workers): both ranks stop after the same step, exit 75, checkpoint.
+#       (it relays it to both workers): both ranks stop after the same step, exit 75, checkpoint;
+#   (e) checkpoints across backends: (b)'s GPU checkpoint resumed by the CPU worker (fp32), a CPU
+#       worker's checkpoint resumed by the GPU worker: the next step's loss against the other
+#       backend's (bf16 vs fp32 forward: within 1e-2 relative).
 # Each stage runs under `timeout` (or a watchdog where the test signals the process itself). Everything goes to $OUT (5 files): build.log, single.log,
 # ddp.log, result.json, summary.txt.
 set -uo pipefail
@@ -107,12 +110,33 @@ echo "exit status ${RC[b]} (expected 75)"
 grep -E "^(step|stopped|done|topolaunch-worker)" "$WORK/b.log"
 ls -l "$WORK/ckpt-b/"
 
+cp -r "$WORK/ckpt-b" "$WORK/ckpt-e"  # (b)'s checkpoint for (e): (c) overwrites ckpt-b at its end
 stage "(c) resumed from (b)'s checkpoint"
 small c --set train.checkpoint_dir="\"$WORK/ckpt-b\"" --set train.resume=true
 RC[c]=$?
 echo "exit status ${RC[c]}"; grep -E "^(resumed|step|done|topolaunch-worker)" "$WORK/c.log"
 
-for f in a b c; do echo "##### $f.log"; cat "$WORK/$f.log"; echo "##### $f.jsonl";
+# (e) the checkpoint between backends: (b)'s GPU checkpoint resumed by the CPU worker (fp32) for
+# one step, whose loss (computed from the restored weights) is compared with (a)'s at that step;
+# and a CPU checkpoint (3 steps) resumed by the GPU worker and by the CPU worker for step 4.
+stage "(e) GPU checkpoint -> CPU worker, CPU checkpoint -> GPU worker"
+stop=$(sed -n 's/^stopped by SIGUSR1 after step \([0-9]*\);.*/\1/p' "$WORK/b.log")
+if [ -n "$stop" ]; then
+  small e_gpu_to_cpu --set train.precision='"fp32"' --set train.steps=$((stop + 1)) \
+    --set train.checkpoint_dir="\"$WORK/ckpt-e\""
+  RC[e1]=$?
+else
+  RC[e1]=1; echo "no stop step in (b): skipped"
+fi
+small f_cpu3 --set train.precision='"fp32"' --set train.steps=3 --set train.resume=false \
+  --set train.checkpoint_dir="\"$WORK/ckpt-f\""
+cp -r "$WORK/ckpt-f" "$WORK/ckpt-g"
+small f_cpu4 --set train.precision='"fp32"' --set train.steps=4 --set train.checkpoint_dir="\"$WORK/ckpt-f\""
+small g_cpu_to_gpu --set train.steps=4 --set train.checkpoint_dir="\"$WORK/ckpt-g\""
+RC[e2]=$?
+for f in e_gpu_to_cpu f_cpu3 f_cpu4 g_cpu_to_gpu; do echo "--- $f"; grep -E "^(resumed|step|done|topolaunch-worker)" "$WORK/$f.log"; done
+
+for f in a b c e_gpu_to_cpu f_cpu3 f_cpu4 g_cpu_to_gpu; do echo "##### $f.log"; cat "$WORK/$f.log"; echo "##### $f.jsonl";
   cat "$WORK/$f.jsonl" 2>/dev/null; done > "$OUT/single.log"
 
 # --- (d): two GPUs through the launcher, GPT-2 124M ---------------------------------------------
@@ -228,6 +252,19 @@ res.update({"resumed_steps": len([s for s in tail if s in c]),
             "resumed_max_rel_loss_diff": max(rel) if rel else None,
             "loss_first_last_a": [a.get(1, {}).get("loss"), a.get(steps, {}).get("loss")]})
 checks["c_losses_match_a"] = bool(tail) and len(diffs) == len(tail) and max(rel) <= 1e-2
+# (e)
+e, f4, g4 = losses("e_gpu_to_cpu"), losses("f_cpu4"), losses("g_cpu_to_gpu")
+def rel(x, y):
+    return abs(x - y) / abs(y) if x is not None and y is not None else None
+e_rel = rel(e.get(stop + 1, {}).get("loss"), a.get(stop + 1, {}).get("loss")) if stop else None
+g_rel = rel(g4.get(4, {}).get("loss"), f4.get(4, {}).get("loss"))
+res.update({"e_gpu_ckpt_on_cpu_step": stop + 1 if stop else None,
+            "e_cpu_loss": e.get(stop + 1, {}).get("loss") if stop else None,
+            "e_gpu_loss": a.get(stop + 1, {}).get("loss") if stop else None, "e_rel_diff": e_rel,
+            "e_cpu_ckpt_on_gpu_step4_loss": g4.get(4, {}).get("loss"),
+            "e_cpu_step4_loss": f4.get(4, {}).get("loss"), "e_cpu_to_gpu_rel_diff": g_rel})
+checks["e_gpu_checkpoint_loads_on_cpu"] = e_rel is not None and e_rel <= 1e-2
+checks["e_cpu_checkpoint_loads_on_gpu"] = g_rel is not None and g_rel <= 1e-2
 # (d)
 ranks = {}
 for f in glob.glob(os.path.join(jobdir, "attempt-*", "rank-*.log")):
