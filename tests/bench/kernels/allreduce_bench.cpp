@@ -1,6 +1,7 @@
 // All-reduce bus bandwidth through our path (NcclCommunicator: id through the wireup TCP store,
-// ncclAllReduce on our stream) from 1 MiB to 1 GiB, fp32 sum, two ranks on two GPUs. The peer
-// figures come from allreduce_torch.py (torch.distributed, NCCL backend) in the same device run.
+// ncclAllReduce on our stream) from 1 MiB to 1 GiB, fp32 sum, one rank per GPU on `--world` GPUs
+// (default 2; GPUs 0..world-1). The peer figures come from allreduce_torch.py (torch.distributed,
+// NCCL backend) in the same device run.
 //
 // Method (as nccl-tests): per size, 5 warm-up calls, then `iters` back-to-back calls between two
 // CUDA events on the stream, 3 trials, the median trial reported; algbw = bytes / time,
@@ -8,7 +9,9 @@
 // communicator's own per-call events (what the executor reports per bucket) for comparison.
 // Never a pass/fail on timing.
 //
-//   allreduce_bench [--out FILE] [--max-mib N]     (launcher: starts 2 ranks, prints rank 0's JSON)
+//   allreduce_bench [--world 2] [--out FILE] [--max-mib N] [--timeout-s 100]
+//       (launcher: starts the ranks, prints rank 0's JSON; ranks still running after
+//       --timeout-s are killed)
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -135,6 +138,7 @@ int worker(const std::string& out_path, std::size_t max_bytes) {
 int main(int argc, char** argv) {
   std::string out_path = "/dev/stdout";
   std::size_t max_mib = 1024;
+  int world = 2, timeout_s = 100;
   bool is_worker = false;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
@@ -144,15 +148,25 @@ int main(int argc, char** argv) {
       out_path = argv[++i];
     else if (a == "--max-mib" && i + 1 < argc)
       max_mib = std::strtoull(argv[++i], nullptr, 10);
+    else if (a == "--world" && i + 1 < argc)
+      world = std::atoi(argv[++i]);
+    else if (a == "--timeout-s" && i + 1 < argc)
+      timeout_s = std::atoi(argv[++i]);
     else {
-      std::fprintf(stderr, "usage: allreduce_bench [--out FILE] [--max-mib N]\n");
+      std::fprintf(stderr,
+                   "usage: allreduce_bench [--world 2] [--out FILE] [--max-mib N] "
+                   "[--timeout-s 100]\n");
       return 2;
     }
+  }
+  if (world < 1 || timeout_s < 1 || max_mib < 1) {
+    std::fprintf(stderr,
+                 "allreduce_bench: --world, --timeout-s and --max-mib must be at least 1\n");
+    return 2;
   }
   const std::size_t max_bytes = max_mib << 20;
   if (is_worker) return worker(out_path, max_bytes);
 
-  const int world = 2;
   int devices = 0;
   if (cudaGetDeviceCount(&devices) != cudaSuccess || devices < world) {
     std::fprintf(stderr, "allreduce_bench needs %d GPUs, this process sees %d\n", world, devices);
@@ -168,12 +182,13 @@ int main(int argc, char** argv) {
         t::self_path(), {"--worker", "--out", json_path, "--max-mib", std::to_string(max_mib)}, r,
         world, store->address(), secret, "allreduce-bench-" + std::to_string(::getpid()), {},
         tmp + ".rank" + std::to_string(r) + ".log"));
-  t::wait_ranks(ranks, std::chrono::steady_clock::now() + std::chrono::seconds(100));
+  t::wait_ranks(ranks, std::chrono::steady_clock::now() + std::chrono::seconds(timeout_s));
   int failed = 0;
   for (const auto& p : ranks) {
     std::fprintf(stderr, "%s", t::read_file(p.log_path).c_str());
     if (p.timed_out || p.signal != 0 || p.exit_code != 0) {
-      std::fprintf(stderr, "rank %d: %s\n", p.rank, p.timed_out ? "killed after 100 s" : "failed");
+      std::fprintf(stderr, "rank %d: %s\n", p.rank,
+                   p.timed_out ? "killed at --timeout-s" : "failed");
       ++failed;
     }
   }

@@ -1,4 +1,5 @@
-// Data-parallel GPT-2 124M on 2 GPUs through our stack: the compiled plan on the CUDA executor
+// Data-parallel GPT-2 124M on `--world` GPUs (default 2; 1 = the no-communication baseline of a
+// scaling series) through our stack: the compiled plan on the CUDA executor
 // (kernels/cuda/cuda_backend.hpp), gradient buckets all-reduced by NcclCommunicator on the
 // executor's side stream while the backward continues, the whole step one CUDA graph. Started
 // without --worker it is the launcher: our TCP store plus one process per GPU with the launcher's
@@ -14,7 +15,9 @@
 //                       re-recorded on each graph replay), and comm_span_ms first start..last done
 //   overlap             1 - max(0, exposed) / comm_ms
 //
-//   ddp_gpt2_bench [--batch 64] [--seq 1024] [--steps 20] [--bucket-mib 25] [--out FILE]
+//   ddp_gpt2_bench [--world 2] [--batch 64] [--seq 1024] [--steps 20] [--bucket-mib 25]
+//                  [--timeout-s 130] [--out FILE]
+// --timeout-s bounds the ranks' wall time (they are killed past it); ranks use GPUs 0..world-1.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -40,6 +43,7 @@ using Clock = std::chrono::steady_clock;
 namespace {
 
 struct Args {
+  int world = 2, timeout_s = 130;
   int batch = 64, seq = 1024, steps = 20, warmup = 5;
   std::size_t bucket_mib = 25;
   std::string out = "/dev/stdout";
@@ -268,6 +272,10 @@ int main(int argc, char** argv) {
     };
     if (s == "--worker")
       a.worker = true;
+    else if (s == "--world")
+      a.world = std::stoi(next());
+    else if (s == "--timeout-s")
+      a.timeout_s = std::stoi(next());
     else if (s == "--batch")
       a.batch = std::stoi(next());
     else if (s == "--seq")
@@ -280,14 +288,24 @@ int main(int argc, char** argv) {
       a.out = next();
     else {
       std::fprintf(stderr,
-                   "usage: ddp_gpt2_bench [--batch 64] [--seq 1024] [--steps 20] "
-                   "[--bucket-mib 25] [--out FILE]\n");
+                   "usage: ddp_gpt2_bench [--world 2] [--batch 64] [--seq 1024] [--steps 20] "
+                   "[--bucket-mib 25] [--timeout-s 130] [--out FILE]\n");
       return 2;
     }
   }
   if (a.worker) return worker(a);
 
-  const int world = 2;
+  const int world = a.world;
+  int devices = 0;
+  if (world < 1 || a.timeout_s < 1) {
+    std::fprintf(stderr, "ddp_gpt2_bench: --world and --timeout-s must be at least 1\n");
+    return 2;
+  }
+  if (cudaGetDeviceCount(&devices) != cudaSuccess || devices < world) {
+    std::fprintf(stderr, "ddp_gpt2_bench: --world %d needs %d GPUs, this process sees %d\n", world,
+                 world, devices);
+    return 3;
+  }
   const std::string secret = t::random_secret();
   auto store = t::start_store(world, secret);
   const std::string tmp = "/tmp/ddp_gpt2_bench." + std::to_string(::getpid());
@@ -307,13 +325,13 @@ int main(int argc, char** argv) {
     ranks.push_back(t::spawn_rank(t::self_path(), args, r, world, store->address(), secret,
                                   "ddp-gpt2-" + std::to_string(::getpid()), {},
                                   tmp + ".rank" + std::to_string(r) + ".log"));
-  t::wait_ranks(ranks, Clock::now() + std::chrono::seconds(130));
+  t::wait_ranks(ranks, Clock::now() + std::chrono::seconds(a.timeout_s));
   int failed = 0;
   for (const auto& p : ranks) {
     std::fprintf(stderr, "%s", t::read_file(p.log_path).c_str());
     if (p.timed_out || p.signal != 0 || p.exit_code != 0) {
       std::fprintf(stderr, "rank %d: %s (exit %d, signal %d)\n", p.rank,
-                   p.timed_out ? "killed after 130 s" : "failed", p.exit_code, p.signal);
+                   p.timed_out ? "killed at --timeout-s" : "failed", p.exit_code, p.signal);
       ++failed;
     }
   }

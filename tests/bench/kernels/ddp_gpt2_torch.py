@@ -1,13 +1,16 @@
 #!/usr/bin/env python3
 """PyTorch peer of ddp_gpt2_bench.cu: GPT-2 124M (pre-LN, learned positions, tied lm head,
 GELU-tanh, V padded to 50304, T=1024), bf16 autocast with fp32 parameters, fused AdamW, grad clip
-1.0, DistributedDataParallel (NCCL, bucket 25 MB) + torch.compile, one process per GPU, random
-tokens. Timed like ours: `steps` back-to-back steps between two synchronisations (wall clock),
+1.0, DistributedDataParallel (NCCL, bucket 25 MB) + torch.compile, one process per GPU on GPUs
+0..world-1 (world 2 unless given; 1 = the single-GPU point of a scaling series), random tokens.
+Timed like ours: `steps` back-to-back steps between two synchronisations (wall clock),
 after 5 warm-ups; also the same steps under no_sync() (no all-reduce) for the exposed
 communication. Reads our JSON from argv[1] (or 'none') and prints one JSON with both and the
 ratio ours/torch of tokens/s. Never a pass/fail on timing.
 
-Usage: ddp_gpt2_torch.py OURS.json|none [B] [T] [steps]
+Usage: ddp_gpt2_torch.py OURS.json|none [B] [T] [steps] [world]
+DDP_TORCH_RAW=FILE: rank 0's figures are (also) written there as soon as they are measured.
+DDP_TORCH_NO_SYNC=0: skip the no_sync() pass (it recompiles; exposed_comm_ms is then null).
 """
 import json
 import math
@@ -138,13 +141,15 @@ def run(rank, world, port, B, T, steps, out_path):
 
     if rank == 0:  # the main figure first: the no_sync pass below recompiles and may run out of time
         write(None)
-    try:  # no_sync under torch.compile recompiles; a failure here must not lose the main figure
-        for _ in range(3):
-            step(False)
-        step_ms_no_comm, _ = timed(False)
-    except Exception as e:  # noqa: BLE001
-        print(f"rank {rank}: no_sync measurement failed: {e}", file=sys.stderr)
-        step_ms_no_comm = None
+    step_ms_no_comm = None
+    if os.environ.get("DDP_TORCH_NO_SYNC", "1") != "0":
+        try:  # no_sync under torch.compile recompiles; a failure here must not lose the main figure
+            for _ in range(3):
+                step(False)
+            step_ms_no_comm, _ = timed(False)
+        except Exception as e:  # noqa: BLE001
+            print(f"rank {rank}: no_sync measurement failed: {e}", file=sys.stderr)
+            step_ms_no_comm = None
     if rank == 0:
         write(step_ms_no_comm)
     dist.barrier()
@@ -156,7 +161,10 @@ def main():
     B = int(sys.argv[2]) if len(sys.argv) > 2 else 64
     T = int(sys.argv[3]) if len(sys.argv) > 3 else 1024
     steps = int(sys.argv[4]) if len(sys.argv) > 4 else 20
-    world = 2
+    world = int(sys.argv[5]) if len(sys.argv) > 5 else 2
+    if world < 1 or world > torch.cuda.device_count():
+        sys.exit(f"ddp_gpt2_torch.py: world {world} needs that many GPUs; "
+                 f"this process sees {torch.cuda.device_count()}")
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -167,7 +175,9 @@ def main():
     mp.spawn(run, args=(world, port, B, T, steps, out_path), nprocs=world, join=True)
     torch_res = json.load(open(out_path))
     out = {"benchmark": "ddp_gpt2_124m", "ours": ours, "torch": torch_res}
-    if ours:
+    if ours and ours.get("world_size", world) != world:
+        out["note"] = f"ours ran on {ours.get('world_size')} GPUs, torch on {world}: no ratio"
+    elif ours:
         out["ratio_tokens_per_s_ours_over_torch"] = round(
             ours["tokens_per_s_total"] / torch_res["tokens_per_s_total"], 3)
     print(json.dumps(out, indent=1))
