@@ -7,8 +7,10 @@
 #include <chrono>
 #include <cmath>
 #include <cstring>
+#include <set>
 
 #include "attention.cuh"
+#include "attention_cudnn.cuh"
 #include "cuda_kernels.cuh"
 #include "matmul.cuh"
 #include "topolaunch/kernels/rng.hpp"
@@ -151,7 +153,31 @@ void gelu_backward_overwrite(__nv_bfloat16* dx, const __nv_bfloat16* dy, const _
   }
 }
 
+// Deterministic values in [-scale, scale) for the attention timing's operands (cuDNN and our
+// kernels timed on the same non-degenerate data).
+__global__ void fill_bf16_kernel(bf16* p, std::int64_t n, std::uint32_t seed, float scale) {
+  const std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x;
+  if (i >= n) return;
+  std::uint32_t h = static_cast<std::uint32_t>(i) * 2654435761u ^ seed;
+  h ^= h >> 15;
+  h *= 2246822519u;
+  h ^= h >> 13;
+  p[i] = __float2bfloat16((static_cast<float>(h & 0xffffff) / 16777216.0f - 0.5f) * 2 * scale);
+}
+
 }  // namespace
+
+const char* attention_impl_name(AttentionImpl impl) {
+  switch (impl) {
+    case AttentionImpl::auto_select:
+      return "auto";
+    case AttentionImpl::own:
+      return "own";
+    case AttentionImpl::cudnn:
+      return "cudnn";
+  }
+  return "?";
+}
 
 CudaExecutor::CudaExecutor(const Plan& plan, const CudaExecutorOptions& options,
                            GpuCommunicator* comm)
@@ -225,6 +251,10 @@ Status CudaExecutor::init() {
               "cudaMalloc of the " + format_bytes(bytes) + " arena (plan.memory.arena_bytes)");
   arena_ = static_cast<std::byte*>(arena);
   TL_CUDA_TRY(cudaMemsetAsync(arena_, 0, bytes, stream_), "arena memset");
+  // The attention choice may time both implementations on the arena's attention tensors: before
+  // anything lives there, and the arena is zeroed again after it.
+  TL_STATUS_TRY(choose_attention());
+  TL_CUDA_TRY(cudaMemsetAsync(arena_, 0, bytes, stream_), "arena memset");
   matmul_ = std::make_unique<Matmul>();
   if (!matmul_->error().empty()) return make_error("cuda backend: " + matmul_->error(), 1);
 
@@ -280,7 +310,9 @@ Status CudaExecutor::init() {
         // matmul_backward's dx (outputs[0]) with beta 0; its dw/db accumulate as before
         const bool matmul = o.kind == OpKind::matmul_backward && o.outputs[0] == t &&
                             std::count(o.outputs.begin(), o.outputs.end(), t) == 1;
-        if ((gelu || matmul) && writes && !reads && o.phase == z.phase) {
+        // cuDNN's attention backward overwrites dqkv (chosen only where it is the first writer)
+        const bool attention = o.kind == OpKind::attention_backward && cudnn_backward_[j] != 0;
+        if ((gelu || matmul || attention) && writes && !reads && o.phase == z.phase) {
           skip_zero_[k] = 1;
           overwrite_[j] = 1;
         }
@@ -356,6 +388,220 @@ Status CudaExecutor::init() {
       1.0f / static_cast<float>(g[g.tokens].elements() > 0 ? g[g.tokens].elements() : 1);
   TL_CUDA_TRY(cudaStreamSynchronize(stream_), "arena memset");
   return ok_status();
+}
+
+// attention = own | cudnn | auto (see AttentionChoice). Runs once, in init(), outside any capture:
+// builds cuDNN's graphs for the plan's attention shape, allocates their workspace, and for auto
+// times both implementations on the arena's attention tensors (nothing lives there yet).
+Status CudaExecutor::choose_attention() {
+  const Graph& g = plan_.graph;
+  AttentionChoice& ch = attention_choice_;
+  ch = AttentionChoice{};
+  cudnn_backward_.assign(g.ops.size(), 0);
+  std::set<std::tuple<std::int64_t, std::int64_t, std::int64_t, std::int64_t>> shapes;
+  for (const Op& op : g.ops) {
+    if (op.kind == OpKind::attention_backward) ++ch.own_backward_ops;
+    if (op.kind != OpKind::attention_forward && op.kind != OpKind::attention_backward) continue;
+    const auto& s = g[op.inputs[op.kind == OpKind::attention_forward ? 0 : 1]].shape;
+    shapes.emplace(s[0], s[1], s[2] / 3, op.num_heads);
+  }
+  const AttentionImpl want = options_.attention;
+  if (shapes.empty()) {
+    ch.reason = "the plan has no attention";
+    return ok_status();
+  }
+  if (want == AttentionImpl::own) {
+    ch.reason = "attention = own";
+    return ok_status();
+  }
+  auto unavailable = [&](const std::string& why) -> Status {
+    cudnn_attention_.reset();
+    if (cudnn_workspace_ != nullptr) cudaFree(cudnn_workspace_);
+    cudnn_workspace_ = nullptr;
+    ch.cudnn_workspace_bytes = 0;
+    if (want == AttentionImpl::cudnn)
+      return make_error("cuda backend: attention = cudnn: " + why, 2);
+    ch.reason = "auto: own, cudnn unavailable: " + why;
+    return ok_status();
+  };
+  if (!cudnn_attention_built())
+    return unavailable(
+        "this build has no cuDNN attention (configure with meson -Dcudnn_frontend_dir=<cudnn "
+        "frontend>/include, or attention = own)");
+  if (shapes.size() != 1)
+    return unavailable("the plan's attention ops have " + std::to_string(shapes.size()) +
+                       " shapes; cuDNN attention is set up for one");
+  const auto [B, T, C, NH] = *shapes.begin();
+  auto created = CudnnAttention::create(B, T, C, NH);
+  if (!created) return unavailable(created.error().message);
+  cudnn_attention_ = std::move(*created);
+  ch.cudnn_version = cudnn_attention_->version();
+  ch.cudnn_workspace_bytes = cudnn_attention_->workspace_bytes();
+  if (ch.cudnn_workspace_bytes > 0 &&
+      cudaMalloc(&cudnn_workspace_, ch.cudnn_workspace_bytes) != cudaSuccess) {
+    cudaGetLastError();
+    cudnn_workspace_ = nullptr;
+    return unavailable("cudaMalloc of its " + format_bytes(ch.cudnn_workspace_bytes) +
+                       " workspace failed");
+  }
+  // cuDNN's backward overwrites dqkv: it runs only where the latest earlier op touching dqkv is
+  // the plan's zero of it (then overwriting = accumulating into zeros; init() skips that zero).
+  std::vector<std::uint8_t> eligible(g.ops.size(), 0);
+  int n_eligible = 0;
+  for (std::size_t j = 0; j < g.ops.size(); ++j) {
+    const Op& o = g.ops[j];
+    if (o.kind != OpKind::attention_backward || o.outputs.size() != 1) continue;
+    const TensorId t = o.outputs[0];
+    if (std::find(o.inputs.begin(), o.inputs.end(), t) != o.inputs.end() || o.workspace == t)
+      continue;
+    for (std::size_t k = j; k-- > 0;) {
+      const Op& p = g.ops[k];
+      const bool touches = std::find(p.inputs.begin(), p.inputs.end(), t) != p.inputs.end() ||
+                           std::find(p.outputs.begin(), p.outputs.end(), t) != p.outputs.end() ||
+                           p.workspace == t;
+      if (!touches) continue;
+      if (p.kind == OpKind::zero && p.phase == o.phase) {
+        eligible[j] = 1;
+        ++n_eligible;
+      }
+      break;
+    }
+  }
+  auto use_cudnn = [&] {
+    ch.chosen = AttentionImpl::cudnn;
+    cudnn_backward_ = eligible;
+    ch.cudnn_backward_ops = n_eligible;
+    ch.own_backward_ops -= n_eligible;
+  };
+  if (want == AttentionImpl::cudnn) {
+    use_cudnn();
+    ch.reason = "attention = cudnn";
+    return ok_status();
+  }
+  // auto: forward and backward of each, same operands, medians
+  auto own_f = time_attention(false, false), own_b = time_attention(false, true);
+  if (!own_f || !own_b)
+    return !own_f ? Status(own_f.error()) : Status(own_b.error());  // our kernels must work
+  ch.own_fwd_ms = *own_f;
+  ch.own_bwd_ms = *own_b;
+  auto cud_f = time_attention(true, false);
+  if (!cud_f) return unavailable(cud_f.error().message);
+  auto cud_b = time_attention(true, true);
+  if (!cud_b) return unavailable(cud_b.error().message);
+  ch.cudnn_fwd_ms = *cud_f;
+  ch.cudnn_bwd_ms = *cud_b;
+  const double own_ms = ch.own_fwd_ms + ch.own_bwd_ms;
+  const double cudnn_ms = ch.cudnn_fwd_ms + (n_eligible > 0 ? ch.cudnn_bwd_ms : ch.own_bwd_ms);
+  char line[160];
+  std::snprintf(line, sizeof line, "%.4f ms fwd+bwd vs %s %.4f ms", std::min(own_ms, cudnn_ms),
+                cudnn_ms < own_ms ? "own" : "cudnn", std::max(own_ms, cudnn_ms));
+  if (cudnn_ms < own_ms) {
+    use_cudnn();
+    ch.reason = std::string("auto: cudnn faster, ") + line;
+    return ok_status();
+  }
+  const double keep_fwd = ch.cudnn_fwd_ms, keep_bwd = ch.cudnn_bwd_ms;
+  TL_STATUS_TRY(unavailable("not faster"));  // frees cuDNN's graphs and workspace
+  ch.cudnn_fwd_ms = keep_fwd;
+  ch.cudnn_bwd_ms = keep_bwd;
+  ch.reason = std::string("auto: own faster, ") + line;
+  return ok_status();
+}
+
+// Median ms of one attention forward or backward (ours or cuDNN's) on the operands of the plan's
+// first attention backward (forward: qkv -> y, lse; backward: dy, qkv, y, lse -> dqkv).
+Result<double> CudaExecutor::time_attention(bool cudnn, bool backward) {
+  const Graph& g = plan_.graph;
+  std::size_t at = g.ops.size();
+  for (std::size_t i = 0; i < g.ops.size() && at == g.ops.size(); ++i)
+    if (g.ops[i].kind == OpKind::attention_backward) at = i;
+  TensorId qkv_t = kNoTensor, y_t = kNoTensor, lse_t = kNoTensor, dy_t = kNoTensor,
+           dqkv_t = kNoTensor;
+  void* ws = nullptr;
+  if (at < g.ops.size()) {
+    const Op& o = g.ops[at];
+    dy_t = o.inputs[0];
+    qkv_t = o.inputs[1];
+    y_t = o.inputs[2];
+    lse_t = o.inputs[3];
+    dqkv_t = o.outputs[0];
+    ws = device_pointer(o.workspace);
+  } else {
+    if (backward) return 0.0;  // no backward in the plan
+    for (const Op& o : g.ops)
+      if (o.kind == OpKind::attention_forward) {
+        qkv_t = o.inputs[0];
+        y_t = o.outputs[0];
+        lse_t = o.outputs[1];
+        break;
+      }
+  }
+  auto* qkv = static_cast<bf16*>(device_pointer(qkv_t));
+  auto* y = static_cast<bf16*>(device_pointer(y_t));
+  auto* lse = static_cast<float*>(device_pointer(lse_t));
+  auto* dy = static_cast<bf16*>(device_pointer(dy_t));
+  auto* dqkv = static_cast<bf16*>(device_pointer(dqkv_t));
+  if (qkv == nullptr || y == nullptr || lse == nullptr ||
+      (backward && (dy == nullptr || dqkv == nullptr)))
+    return make_error("cuda backend: attention timing: an attention tensor has no arena offset", 1);
+  const auto& s = g[qkv_t].shape;
+  const std::int64_t Bn = s[0], Tn = s[1], Cn = s[2] / 3;
+  std::int64_t heads = 1;
+  for (const Op& o : g.ops)
+    if (o.kind == OpKind::attention_forward || o.kind == OpKind::attention_backward) {
+      heads = o.num_heads;
+      break;
+    }
+  auto fill = [&](bf16* p, TensorId t, std::uint32_t seed, float scale) {
+    const std::int64_t n = g[t].elements();
+    fill_bf16_kernel<<<static_cast<unsigned>((n + 255) / 256), 256, 0, stream_>>>(p, n, seed,
+                                                                                  scale);
+  };
+  fill(qkv, qkv_t, 1, 2.0f);
+  if (dy != nullptr) fill(dy, dy_t, 2, 1.0f);
+  auto run = [&](bool bwd) -> Status {
+    if (cudnn) {
+      if (!bwd) return cudnn_attention_->forward(y, lse, qkv, cudnn_workspace_, stream_);
+      return cudnn_attention_->backward(dqkv, dy, qkv, y, lse, cudnn_workspace_, stream_);
+    }
+    const cudaError_t e =
+        bwd ? attention_backward(dqkv, ws, dy, qkv, y, lse, Bn, Tn, Cn, heads, stream_)
+            : attention_forward(y, lse, qkv, Bn, Tn, Cn, heads, stream_);
+    if (e != cudaSuccess) return cuda_error("attention timing", e);
+    return ok_status();
+  };
+  // y and lse from the same implementation's forward before its backward is timed
+  TL_ERROR_TRY(run(false));
+  cudaEvent_t a = nullptr, b = nullptr;
+  TL_CUDA_TRY(cudaEventCreate(&a), "attention timing event");
+  if (cudaEventCreate(&b) != cudaSuccess) {
+    cudaEventDestroy(a);
+    return make_error("cuda backend: attention timing event", 1);
+  }
+  constexpr int kWarmup = 2, kReps = 7;
+  std::vector<double> ms;
+  std::string failed;  // the first failure's message
+  for (int i = 0; i < kWarmup + kReps; ++i) {
+    if (i >= kWarmup) cudaEventRecord(a, stream_);
+    if (const Status r = run(backward); !r) {
+      failed = r.error().message;
+      break;
+    }
+    if (i >= kWarmup) {
+      cudaEventRecord(b, stream_);
+      cudaEventSynchronize(b);
+      float f = 0;
+      cudaEventElapsedTime(&f, a, b);
+      ms.push_back(f);
+    }
+  }
+  const cudaError_t e = cudaStreamSynchronize(stream_);
+  cudaEventDestroy(a);
+  cudaEventDestroy(b);
+  if (!failed.empty()) return make_error(failed, 1);
+  if (e != cudaSuccess) return cuda_error("attention timing", e);
+  std::sort(ms.begin(), ms.end());
+  return ms[ms.size() / 2];
 }
 
 // The global norm of every global_norm op is a fixed-order multi-tensor reduction (ranks that hold
@@ -461,6 +707,8 @@ CudaExecutor::~CudaExecutor() {
     if (s.scalars != nullptr) cudaFreeHost(s.scalars);
   }
   matmul_.reset();
+  cudnn_attention_.reset();
+  if (cudnn_workspace_ != nullptr) cudaFree(cudnn_workspace_);
   if (tables_ != nullptr) cudaFree(tables_);
   if (arena_ != nullptr) cudaFree(arena_);
   if (comm_stream_ != nullptr) cudaStreamDestroy(comm_stream_);
@@ -790,12 +1038,27 @@ Status CudaExecutor::enqueue_op(std::size_t index, bool communicate, bool fuse, 
     }
     case OpKind::attention_forward: {
       const auto& s = shape(op.inputs[0]);
+      if (attention_choice_.chosen == AttentionImpl::cudnn) {
+        if (auto st = cudnn_attention_->forward(B(op.outputs[0]), F(op.outputs[1]), B(op.inputs[0]),
+                                                cudnn_workspace_, stream_);
+            !st)
+          return make_error("cuda backend: " + where() + ": " + st.error().message, 1);
+        break;
+      }
       err = attention_forward(B(op.outputs[0]), F(op.outputs[1]), B(op.inputs[0]), s[0], s[1],
                               s[2] / 3, op.num_heads, stream_);
       break;
     }
     case OpKind::attention_backward: {
       const auto& s = shape(op.inputs[1]);
+      if (cudnn_backward_[index]) {  // overwrites dqkv: its first writer (the zero is skipped)
+        if (auto st = cudnn_attention_->backward(B(op.outputs[0]), B(op.inputs[0]), B(op.inputs[1]),
+                                                 B(op.inputs[2]), F(op.inputs[3]), cudnn_workspace_,
+                                                 stream_);
+            !st)
+          return make_error("cuda backend: " + where() + ": " + st.error().message, 1);
+        break;
+      }
       err = attention_backward(B(op.outputs[0]), device_pointer(op.workspace), B(op.inputs[0]),
                                B(op.inputs[1]), B(op.inputs[2]), F(op.inputs[3]), s[0], s[1],
                                s[2] / 3, op.num_heads, stream_);
@@ -925,6 +1188,8 @@ DeviceMemory CudaExecutor::memory() const {
   DeviceMemory m;
   m.arena_bytes = plan_.memory.arena_bytes;
   m.workspace_bytes = std::size_t{32} << 20;
+  m.attention_workspace_bytes =
+      cudnn_workspace_ != nullptr ? attention_choice_.cudnn_workspace_bytes : 0;
   std::size_t free_bytes = 0, total_bytes = 0;
   if (cudaMemGetInfo(&free_bytes, &total_bytes) == cudaSuccess) {
     m.used_bytes = total_bytes - free_bytes;

@@ -29,6 +29,7 @@
 namespace topolaunch::kernels::cuda {
 
 class Matmul;
+class CudnnAttention;
 
 // Data-parallel gradient reduction on the GPU (the NCCL implementation lives in
 // kernels/cuda/nccl_communicator.*). The executor calls all_reduce_sum once per gradient bucket of
@@ -51,8 +52,29 @@ enum class ExecutionMode : std::uint8_t {
   op_by_op,  // launch the plan's kernels one by one on every call
 };
 
+// Which causal attention the executor runs: our kernels (attention.cuh), cuDNN's fused attention
+// (attention_cudnn.cuh; only in builds with meson's cudnn_frontend_dir), or auto: both timed at
+// creation on the plan's attention shape (forward + backward, CUDA events, in the arena before it
+// is zeroed) and the faster kept; auto falls back to own, with the reason, when cuDNN is not built
+// or refuses the shape.
+enum class AttentionImpl : std::uint8_t { auto_select, own, cudnn };
+const char* attention_impl_name(AttentionImpl impl);  // "auto", "own", "cudnn"
+
+// What the executor chose for attention, and the timings it chose by (0: not timed).
+struct AttentionChoice {
+  AttentionImpl chosen = AttentionImpl::own;  // own or cudnn
+  double own_fwd_ms = 0, own_bwd_ms = 0;      // median of the timed reps, one op
+  double cudnn_fwd_ms = 0, cudnn_bwd_ms = 0;
+  std::string reason;         // one line: why this one (e.g. the cuDNN error auto fell back on)
+  std::string cudnn_version;  // "cuDNN 9.14.0, frontend 1.23.0" when cuDNN was set up
+  std::size_t cudnn_workspace_bytes = 0;  // device workspace held while cuDNN is chosen
+  int cudnn_backward_ops = 0;  // attention backwards run by cuDNN (the first writers of dqkv)
+  int own_backward_ops = 0;    // attention backwards run by our kernel (accumulating)
+};
+
 struct CudaExecutorOptions {
   ExecutionMode mode = ExecutionMode::graph;
+  AttentionImpl attention = AttentionImpl::auto_select;
   // Fuse crossentropy_forward with the crossentropy_backward that directly follows it (one read of
   // the logits, dlogits written in place; the plan already gives both the same buffer).
   bool fuse_classifier = true;
@@ -70,9 +92,10 @@ struct CudaExecutorOptions {
 
 // Per-step figures of the device.
 struct DeviceMemory {
-  std::size_t arena_bytes = 0;      // the one arena (plan.memory.arena_bytes)
-  std::size_t workspace_bytes = 0;  // cuBLASLt workspace
-  std::size_t used_bytes = 0;       // cudaMemGetInfo: total - free, now (context included)
+  std::size_t arena_bytes = 0;                // the one arena (plan.memory.arena_bytes)
+  std::size_t workspace_bytes = 0;            // cuBLASLt workspace
+  std::size_t attention_workspace_bytes = 0;  // cuDNN attention's workspace (0 with our kernels)
+  std::size_t used_bytes = 0;  // cudaMemGetInfo: total - free, now (context included)
   std::size_t total_bytes = 0;
 };
 
@@ -126,6 +149,8 @@ class CudaExecutor {
   Result<double> last_grad_norm();
 
   DeviceMemory memory() const;
+  // The attention implementation in use and the timings behind an auto choice.
+  const AttentionChoice& attention_choice() const { return attention_choice_; }
   // profile_ops: GPU milliseconds of each op of the plan in the last launch that ran it (0 for
   // ops not run, or fused into the previous one). Synchronises.
   Result<std::vector<double>> op_times_ms();
@@ -139,6 +164,8 @@ class CudaExecutor {
  private:
   CudaExecutor(const Plan& plan, const CudaExecutorOptions& options, GpuCommunicator* comm);
   Status init();
+  Status choose_attention();
+  Result<double> time_attention(bool cudnn, bool backward);
   Status upload_pending();
   Status run_range(std::size_t begin, std::size_t end, bool communicate);
   Status launch_range(std::size_t begin, std::size_t end, bool communicate);
@@ -154,6 +181,13 @@ class CudaExecutor {
   cudaStream_t stream_ = nullptr;
   cudaStream_t comm_stream_ = nullptr;
   std::unique_ptr<Matmul> matmul_;
+  // cuDNN attention (when chosen): the graphs for the plan's one attention shape, their workspace,
+  // and per op whether its attention backward runs through cuDNN (it overwrites dqkv: only where
+  // it is dqkv's first writer after the plan's zero; other attention backwards run ours).
+  std::unique_ptr<CudnnAttention> cudnn_attention_;
+  void* cudnn_workspace_ = nullptr;
+  std::vector<std::uint8_t> cudnn_backward_;
+  AttentionChoice attention_choice_;
   std::size_t first_optimizer_op_ = 0, first_backward_op_ = 0;
   std::vector<std::uint8_t> fused_with_next_;        // crossentropy forward+backward pairs
   std::vector<std::uint8_t> skip_zero_, overwrite_;  // overwrite_first_gradient

@@ -30,6 +30,18 @@ fi
 INC=(-Ikernels/include -Itopology/include -Ikernels/cpu -I"$CUDA_SRC")
 NVFLAGS=(-std=c++20 -O2 -gencode=arch=compute_90,code=sm_90 --extended-lambda "${INC[@]}")
 CXXFLAGS=(-std=c++20 -O3 -fopenmp "${INC[@]}")
+# cuDNN's fused attention (attention_cudnn.cu, the executor's attention = cudnn | auto) needs the
+# header-only cuDNN frontend carried in .carry-cudnn-frontend/include (git-ignored); without it
+# attention_cudnn.cu builds as a stub and the executor has only our attention.
+CUDNN_FE=${CUDNN_FE:-.carry-cudnn-frontend/include}
+if [ -f "$CUDNN_FE/cudnn_frontend.h" ]; then
+  CUDNN_FLAGS=(-DTOPOLAUNCH_WITH_CUDNN=1 -DCUDNN_FRONTEND_SKIP_JSON_LIB -isystem "$CUDNN_FE")
+  CUDNN_LIBS=(-lcudnn -lnvrtc)
+  echo "cuDNN attention: built with the frontend in $CUDNN_FE"
+else
+  CUDNN_FLAGS=(); CUDNN_LIBS=()
+  echo "cuDNN attention: NOT built ($CUDNN_FE/cudnn_frontend.h absent: carry .carry-cudnn-frontend)"
+fi
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,memory.total --format=csv \
   | tee "$OUT/gpu.txt"
 "$NVCC" --version | tail -1 | tee -a "$OUT/gpu.txt"
@@ -47,6 +59,9 @@ build() {
              tests/bench/kernels/gpt2_bench.cu; do
     "$NVCC" "${NVFLAGS[@]}" -c "$src" -o "$BUILD/$(basename "$src").o" & pids+=($!)
   done
+  "$NVCC" "${NVFLAGS[@]}" "${CUDNN_FLAGS[@]}" -c kernels/cuda/attention_cudnn.cu \
+    -o "$BUILD/attention_cudnn.cu.o" > "$BUILD/attention_cudnn_build.log" 2>&1 &
+  local cudnn_pid=$!
   # the committed kernels too (test mode: a second test binary, to tell our failures from theirs)
   mkdir -p "$BUILD/committed"
   if [ "$MODE" = test ]; then
@@ -57,7 +72,14 @@ build() {
   fi
   local rc=0
   for p in "${pids[@]}"; do wait "$p" || rc=1; done
+  wait "$cudnn_pid"
   wait
+  if [ ! -f "$BUILD/attention_cudnn.cu.o" ] && [ ${#CUDNN_FLAGS[@]} -gt 0 ]; then
+    echo "cuDNN attention: attention_cudnn.cu did not build WITH cuDNN; building it without:"
+    tail -20 "$BUILD/attention_cudnn_build.log"
+    CUDNN_FLAGS=(); CUDNN_LIBS=()
+    "$NVCC" "${NVFLAGS[@]}" -c kernels/cuda/attention_cudnn.cu -o "$BUILD/attention_cudnn.cu.o"
+  fi
   # kernels.cu, matmul.cu and attention.cu are other engineers' work in progress: when the working
   # copy does not build, fall back to the committed version carried in .carry-cudaexec/committed/.
   for f in kernels matmul attention; do
@@ -67,21 +89,22 @@ build() {
     fi
   done
   rc=0
-  for o in "${objs[@]}" "$BUILD"/{kernels,matmul,attention,cuda_backend,test_cuda_backend,gpt2_bench}.cu.o; do
+  for o in "${objs[@]}" "$BUILD"/{kernels,matmul,attention,attention_cudnn,cuda_backend,test_cuda_backend,gpt2_bench}.cu.o; do
     [ -f "$o" ] || { echo "missing $o"; rc=1; }
   done
   [ $rc -eq 0 ] || { echo "compile failed"; return 3; }
   local lib=("${objs[@]}" "$BUILD/kernels.cu.o" "$BUILD/matmul.cu.o" "$BUILD/attention.cu.o"
-             "$BUILD/cuda_backend.cu.o")
+             "$BUILD/attention_cudnn.cu.o" "$BUILD/cuda_backend.cu.o")
   "$NVCC" "${NVFLAGS[@]}" -Xcompiler=-fopenmp "$BUILD/test_cuda_backend.cu.o" "${lib[@]}" \
-    -lcublasLt -lgomp -o "$BUILD/test_cuda_backend" || return 3
+    -lcublasLt "${CUDNN_LIBS[@]}" -lgomp -o "$BUILD/test_cuda_backend" || return 3
   "$NVCC" "${NVFLAGS[@]}" -Xcompiler=-fopenmp "$BUILD/gpt2_bench.cu.o" "${lib[@]}" \
-    -lcublasLt -lgomp -o "$BUILD/gpt2_bench" || return 3
+    -lcublasLt "${CUDNN_LIBS[@]}" -lgomp -o "$BUILD/gpt2_bench" || return 3
   if [ "$MODE" = test ] && [ -f "$BUILD/committed/kernels.cu.o" ] && [ -f "$BUILD/committed/matmul.cu.o" ] &&
      [ -f "$BUILD/committed/attention.cu.o" ]; then
     "$NVCC" "${NVFLAGS[@]}" -Xcompiler=-fopenmp "$BUILD/test_cuda_backend.cu.o" "${objs[@]}" \
-      "$BUILD"/committed/{kernels,matmul,attention}.cu.o "$BUILD/cuda_backend.cu.o" \
-      -lcublasLt -lgomp -o "$BUILD/test_cuda_backend_committed"
+      "$BUILD"/committed/{kernels,matmul,attention}.cu.o "$BUILD/attention_cudnn.cu.o" \
+      "$BUILD/cuda_backend.cu.o" -lcublasLt "${CUDNN_LIBS[@]}" -lgomp \
+      -o "$BUILD/test_cuda_backend_committed"
   fi
   echo "built in $((SECONDS - t0)) s"
 }
@@ -103,15 +126,15 @@ build_worker() {
   [ $rc -eq 0 ] || { echo "worker compile failed"; return 3; }
   local zlib=$(ls /usr/lib/x86_64-linux-gnu/libz.so* 2>/dev/null | head -1)
   "$NVCC" "${NVFLAGS[@]}" -Xcompiler=-fopenmp "${objs[@]}" "$BUILD/kernels.cu.o" \
-    "$BUILD/matmul.cu.o" "$BUILD/attention.cu.o" "$BUILD/cuda_backend.cu.o" -lcublasLt -lgomp \
-    $zlib -o "$BUILD/topolaunch-worker"
+    "$BUILD/matmul.cu.o" "$BUILD/attention.cu.o" "$BUILD/attention_cudnn.cu.o" \
+    "$BUILD/cuda_backend.cu.o" -lcublasLt "${CUDNN_LIBS[@]}" -lgomp $zlib -o "$BUILD/topolaunch-worker"
 }
 
 # Rebuild only when a source changed since the last build on this machine (a warm machine keeps
 # build-gpu-exec/ between calls).
 SOURCES=(kernels/src/*.cpp kernels/include/topolaunch/kernels/*.hpp kernels/cpu/* kernels/cuda/*
          tests/gpu/test_cuda_backend.cu tests/bench/kernels/gpt2_bench.cu)
-STAMP=$(cat "${SOURCES[@]}" | md5sum | cut -d' ' -f1)-committed${USE_COMMITTED_KERNELS:-0}
+STAMP=$(cat "${SOURCES[@]}" | md5sum | cut -d' ' -f1)-committed${USE_COMMITTED_KERNELS:-0}-cudnn${#CUDNN_FLAGS[@]}
 if [ -x "$BUILD/gpt2_bench" ] && [ -x "$BUILD/test_cuda_backend" ] && \
    [ "$(cat "$BUILD/stamp" 2>/dev/null)" = "$STAMP" ]; then
   echo "build-gpu-exec is up to date ($STAMP)" | tee "$OUT/build.log"

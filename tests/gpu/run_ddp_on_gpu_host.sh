@@ -65,8 +65,10 @@ if [ "$RUN_DDP" = 1 ]; then
     t0=$SECONDS
     rm -f "$BUILD/obj/DDP_FAILED"
     throttle() { while [ "$(jobs -rp | wc -l)" -ge "${JOBS:-$(nproc)}" ]; do sleep 0.2; done; }
+    # attention_cudnn.cu: built without cuDNN here (the executor then runs our attention)
+    cudnn_src=(); [ ! -f "$SRC/kernels/cuda/attention_cudnn.cu" ] || cudnn_src=(kernels/cuda/attention_cudnn.cu)
     for src in kernels/cuda/attention.cu kernels/cuda/cuda_backend.cu kernels/cuda/kernels.cu \
-               kernels/cuda/matmul.cu tests/bench/kernels/ddp_gpt2_bench.cu; do
+               kernels/cuda/matmul.cu tests/bench/kernels/ddp_gpt2_bench.cu "${cudnn_src[@]}"; do
       throttle
       "$NVCC" "${NVFLAGS[@]}" -c "$SRC/$src" -o "$BUILD/obj/ddp_$(basename "$src").o" \
         || touch "$BUILD/obj/DDP_FAILED" &

@@ -6,6 +6,10 @@
 // gives twice once); unsupported head sizes are refused. Plain main, exit status 0 only when every
 // check passes. "quick" leaves out the T=1024 shapes (for compute-sanitizer runs); "only=KIND"
 // checks one implementation (or "default": the attention.cuh entry points and refusals).
+// "only=cudnn": cuDNN's fused attention (attention_cudnn.cuh) with the same checks, except that its
+// backward OVERWRITES dqkv (checked on a NaN-poisoned dqkv), plus the cross checks that make the
+// two implementations interchangeable op by op: cuDNN's lse equals ours, cuDNN's forward feeds our
+// backward and ours feeds cuDNN's. Without a cuDNN build, only=cudnn fails and "all" says so.
 //
 //   nvcc -std=c++20 -O2 -gencode=arch=compute_90,code=sm_90 -Xcompiler -fopenmp
 //        -Ikernels/cpu -Ikernels/cuda tests/gpu/test_attention.cu kernels/cuda/attention.cu
@@ -20,8 +24,9 @@
 #include <string>
 #include <vector>
 
-#include "attention_variants.cuh"
 #include "attention.hpp"
+#include "attention_cudnn.cuh"
+#include "attention_variants.cuh"
 
 namespace cpu = topolaunch::kernels::cpu;
 namespace gpu = topolaunch::kernels::cuda;
@@ -148,9 +153,89 @@ constexpr double kGradRtol = 1.0 / 64, kGradAtol = 1.0 / 128;
 // Which implementations to check: all of them, or one ("default" = the entry points of
 // attention.cuh), so that a fault in one kind cannot hide the results of the others.
 struct Selection {
-  std::string only;  // empty: everything
-  bool has(const char* name) const { return only.empty() || only == name; }
+  std::string only;         // empty: everything
+  bool skip_cudnn = false;  // not built (only without only=cudnn)
+  bool has(const char* name) const {
+    if (skip_cudnn && std::string(name) == "cudnn") return false;
+    return only.empty() || only == name;
+  }
 };
+
+void upload(Dev<float>& d, const Vec& v) {
+  std::vector<float> h(v.begin(), v.end());
+  check_cuda(cudaMemcpy(d.p, h.data(), h.size() * sizeof(float), cudaMemcpyHostToDevice), "h2d");
+}
+
+// cuDNN's fused attention on one shape against the double reference (same tolerances as ours).
+void test_cudnn_shape(const Vec& qkv, const Vec& dy, const Vec& y_ref, const Vec& lse_ref,
+                      const Vec& grad_ref, std::int64_t B, std::int64_t T, std::int64_t NH) {
+  const std::int64_t C = 64 * NH;
+  const std::string tag =
+      " [cudnn] B=" + std::to_string(B) + " T=" + std::to_string(T) + " NH=" + std::to_string(NH);
+  auto created = gpu::CudnnAttention::create(B, T, C, NH);
+  if (!created) {
+    // cuDNN may refuse a degenerate shape (one token); every other shape must be accepted
+    if (T < 64) {
+      std::printf("note cudnn refused%s: %s (not counted)\n", tag.c_str(),
+                  created.error().message.c_str());
+      return;
+    }
+    expect(false, "CudnnAttention::create" + tag + ": " + created.error().message);
+    return;
+  }
+  const auto& att = **created;
+  std::printf("note cudnn%s: %s, workspace %zu bytes\n", tag.c_str(), att.version().c_str(),
+              att.workspace_bytes());
+  Dev<bf16> d_qkv(qkv.size()), d_dy(dy.size()), d_y(y_ref.size()), d_dqkv(qkv.size());
+  Dev<float> d_lse(lse_ref.size());
+  Dev<unsigned char> d_ws(att.workspace_bytes());
+  const std::size_t own_ws_bytes = gpu::attention_backward_workspace_bytes(B, T, C, NH);
+  Dev<unsigned char> d_own_ws(own_ws_bytes);
+  upload(d_qkv, qkv);
+  upload(d_dy, dy);
+  auto ok = [&](const topolaunch::Status& st, const std::string& what) {
+    if (!st) expect(false, what + tag + ": " + st.error().message);
+    return static_cast<bool>(st);
+  };
+  // forward into NaN-poisoned outputs
+  check_cuda(cudaMemset(d_y.p, 0xff, d_y.n * sizeof(bf16)), "memset y");
+  check_cuda(cudaMemset(d_lse.p, 0xff, d_lse.n * sizeof(float)), "memset lse");
+  if (!ok(att.forward(d_y.p, d_lse.p, d_qkv.p, d_ws.p, nullptr), "cudnn forward")) return;
+  const Vec y_cudnn = download(d_y), lse_cudnn = download(d_lse);
+  compare("cudnn forward y" + tag, y_cudnn, y_ref, kYRtol, kYAtol);
+  compare("cudnn forward lse (== the reference's natural-log lse)" + tag, lse_cudnn, lse_ref,
+          kLseRtol, kLseAtol);
+
+  // backward on the reference's y and lse, into a NaN-poisoned dqkv: it must overwrite all of it
+  upload(d_y, y_ref);
+  upload(d_lse, lse_ref);
+  check_cuda(cudaMemset(d_dqkv.p, 0xff, d_dqkv.n * sizeof(bf16)), "memset dqkv");
+  if (!ok(att.backward(d_dqkv.p, d_dy.p, d_qkv.p, d_y.p, d_lse.p, d_ws.p, nullptr),
+          "cudnn backward"))
+    return;
+  compare("cudnn backward dqkv (overwrites a NaN-poisoned dqkv)" + tag, download(d_dqkv), grad_ref,
+          kGradRtol, kGradAtol);
+
+  // cross 1: cuDNN's forward (y, lse) -> our backward (accumulating into zeros)
+  upload(d_y, y_cudnn);
+  upload(d_lse, lse_cudnn);
+  check_cuda(cudaMemset(d_dqkv.p, 0, d_dqkv.n * sizeof(bf16)), "memset dqkv");
+  check_cuda(gpu::attention_backward(d_dqkv.p, d_own_ws.p, d_dy.p, d_qkv.p, d_y.p, d_lse.p, B, T, C,
+                                     NH, nullptr),
+             "own backward on cudnn forward");
+  compare("cross: cudnn forward + own backward dqkv" + tag, download(d_dqkv), grad_ref, kGradRtol,
+          kGradAtol);
+
+  // cross 2: our forward (y, lse) -> cuDNN's backward; and our lse equals cuDNN's
+  check_cuda(gpu::attention_forward(d_y.p, d_lse.p, d_qkv.p, B, T, C, NH, nullptr), "own forward");
+  compare("cross: own lse == cudnn lse" + tag, download(d_lse), lse_cudnn, kLseRtol, kLseAtol);
+  check_cuda(cudaMemset(d_dqkv.p, 0xff, d_dqkv.n * sizeof(bf16)), "memset dqkv");
+  if (!ok(att.backward(d_dqkv.p, d_dy.p, d_qkv.p, d_y.p, d_lse.p, d_ws.p, nullptr),
+          "cudnn backward on own forward"))
+    return;
+  compare("cross: own forward + cudnn backward dqkv" + tag, download(d_dqkv), grad_ref, kGradRtol,
+          kGradAtol);
+}
 
 void test_shape(std::mt19937& rng, const Selection& sel, std::int64_t B, std::int64_t T,
                 std::int64_t NH) {
@@ -234,6 +319,8 @@ void test_shape(std::mt19937& rng, const Selection& sel, std::int64_t B, std::in
             1.0 / 128, 1.0 / 1024);
   }
 
+  if (sel.has("cudnn")) test_cudnn_shape(qkv, dy, y_ref, lse_ref, grad_ref, B, T, NH);
+
   // the default behind attention.cuh
   if (!sel.has("default")) return;
   check_cuda(gpu::attention_forward(d_y.p, d_lse.p, d_qkv.p, B, T, C, NH, nullptr), "default fwd");
@@ -260,12 +347,12 @@ int main(int argc, char** argv) {
     } else if (arg.rfind("only=", 0) == 0 &&
                (arg == "only=simple" || arg == "only=tensor_core" ||
                 arg == "only=tensor_core_m64" || arg == "only=tensor_core_w32" ||
-                arg == "only=tensor_core_atomic" || arg == "only=default")) {
+                arg == "only=tensor_core_atomic" || arg == "only=default" || arg == "only=cudnn")) {
       sel.only = arg.substr(5);
     } else {
       std::fprintf(stderr,
                    "usage: test_attention [quick] [only=simple|tensor_core|tensor_core_m64|"
-                   "tensor_core_w32|tensor_core_atomic|default]\n");
+                   "tensor_core_w32|tensor_core_atomic|default|cudnn]\n");
       return 2;
     }
   }
@@ -278,6 +365,16 @@ int main(int argc, char** argv) {
   check_cuda(cudaGetDeviceProperties(&prop, 0), "cudaGetDeviceProperties");
   std::printf("device: %s (sm_%d%d, %d SMs)%s%s\n", prop.name, prop.major, prop.minor,
               prop.multiProcessorCount, sel.only.empty() ? "" : ", only ", sel.only.c_str());
+  if (!gpu::cudnn_attention_built()) {
+    if (sel.only == "cudnn") {
+      std::fprintf(stderr,
+                   "test_attention: only=cudnn but this build has no cuDNN attention (build "
+                   "attention_cudnn.cu with -DTOPOLAUNCH_WITH_CUDNN and the cuDNN frontend)\n");
+      return 1;
+    }
+    if (sel.only.empty()) std::printf("note cudnn: not built, its checks are left out\n");
+    sel.skip_cudnn = true;
+  }
   std::mt19937 rng(4321);
   test_shape(rng, sel, 1, 1, 1);     // one token
   test_shape(rng, sel, 1, 64, 1);    // exactly one tile

@@ -10,6 +10,11 @@
 //   4. the data-parallel hook: a plan for 2 ranks (small buckets) with a fake communicator whose
 //      "all-reduce" doubles each bucket (= two ranks with identical gradients) and the loss scale
 //      halved: every gradient must lie in a bucket, and the losses must equal the 1-GPU run's.
+//   5. attention: the checks above pin attention = own (our kernels); attention = cudnn (cuDNN's
+//      fused attention, when built) must give the CPU's 10-step losses within 1e-2 with every
+//      attention backward through cuDNN (first writer of dqkv), by graph replay and op by op;
+//      attention = auto must time both and train within 1e-2 of the CPU; without a cuDNN build,
+//      cudnn must be refused with a message naming the meson option and auto must choose own.
 // With an output folder argument it also exports the init, the batch and the losses for the
 // PyTorch reference (tests/bench/kernels/gpt2_torch_reference.py).
 // Plain main (the GPU host has no Catch2 2.x): prints one line per check, exits with the number of
@@ -26,6 +31,7 @@
 #include <string>
 #include <vector>
 
+#include "attention_cudnn.cuh"
 #include "cuda_backend.hpp"
 #include "topolaunch/kernels/cpu_backend.hpp"
 #include "topolaunch/kernels/plan.hpp"
@@ -220,7 +226,10 @@ int main(int argc, char** argv) {
           "an fp32 plan is refused: " +
               (refused ? std::string("accepted") : refused.error().message));
   }
-  auto ex = must(gpu::CudaExecutor::create(gpu_plan), "create");
+  // our attention kernels in checks 1-4 (auto may pick either: section 5 covers cuDNN and auto)
+  gpu::CudaExecutorOptions own;
+  own.attention = gpu::AttentionImpl::own;
+  auto ex = must(gpu::CudaExecutor::create(gpu_plan, own), "create");
   const tk::Graph& gg = ex->plan().graph;
   must(ex->init_parameters(kSeed), "init_parameters");
   bool same_init = gg.params.size() == cg.params.size();
@@ -265,7 +274,7 @@ int main(int argc, char** argv) {
               tk::format_bytes(mem.arena_bytes).c_str(), tk::format_bytes(mem.used_bytes).c_str());
 
   // ---- op by op ----
-  gpu::CudaExecutorOptions eager;
+  gpu::CudaExecutorOptions eager = own;
   eager.mode = gpu::ExecutionMode::op_by_op;
   auto ex2 = must(gpu::CudaExecutor::create(gpu_plan, eager), "create op-by-op");
   const auto eager_losses = train_gpu(*ex2, tokens, targets, loss_scale, adamw);
@@ -277,7 +286,7 @@ int main(int argc, char** argv) {
       fmt("op by op: no graph, losses equal graph replay's (worst relative %.2e <= 1e-3)", worst));
 
   // ---- unfused classifier ----
-  gpu::CudaExecutorOptions unfused;
+  gpu::CudaExecutorOptions unfused = own;
   unfused.fuse_classifier = false;
   unfused.overwrite_first_gradient = false;
   unfused.multi_tensor_adamw = false;
@@ -293,9 +302,9 @@ int main(int argc, char** argv) {
 
   // ---- the optimizer alone: multi-tensor vs per-tensor AdamW, fixed-order norm ----
   {
-    gpu::CudaExecutorOptions per_tensor;
+    gpu::CudaExecutorOptions per_tensor = own;
     per_tensor.multi_tensor_adamw = false;
-    auto exm = must(gpu::CudaExecutor::create(gpu_plan), "create multi-tensor");
+    auto exm = must(gpu::CudaExecutor::create(gpu_plan, own), "create multi-tensor");
     auto exs = must(gpu::CudaExecutor::create(gpu_plan, per_tensor), "create per-tensor");
     must(exm->init_parameters(kSeed), "init_parameters");
     must(exs->init_parameters(kSeed), "init_parameters");
@@ -362,7 +371,7 @@ int main(int argc, char** argv) {
   check(covered, fmt("2-rank plan: %zu buckets, every parameter gradient inside one bucket range",
                      buckets.size()));
   DoublingCommunicator doubling;
-  auto ex4 = must(gpu::CudaExecutor::create(dp_plan, {}, &doubling), "create dp");
+  auto ex4 = must(gpu::CudaExecutor::create(dp_plan, own, &doubling), "create dp");
   const auto dp_losses = train_gpu(*ex4, tokens, targets, loss_scale / 2, adamw);
   worst = 0;
   for (int i = 0; i < kSteps; ++i)
@@ -371,6 +380,86 @@ int main(int argc, char** argv) {
         fmt("side-stream all-reduce: %d calls (eager step + capture = 2 x %zu buckets), losses of "
             "'2 ranks' with half the loss scale equal 1 rank's (worst %.2e <= 1e-3)",
             doubling.calls, buckets.size(), worst));
+
+  // ---- attention: cuDNN and auto ----
+  {
+    auto losses_vs_cpu = [&](const std::vector<double>& l) {
+      double w = 0;
+      for (int i = 0; i < kSteps; ++i)
+        w = std::max(w, std::fabs(l[i] - cpu_losses[i]) / std::fabs(cpu_losses[i]));
+      return w;
+    };
+    auto describe = [](const gpu::AttentionChoice& a) {
+      return fmt(
+          "chosen %s (%s); own fwd %.4f bwd %.4f ms, cudnn fwd %.4f bwd %.4f ms, cudnn "
+          "workspace %zu bytes, backward ops cudnn %d own %d, %s",
+          gpu::attention_impl_name(a.chosen), a.reason.c_str(), a.own_fwd_ms, a.own_bwd_ms,
+          a.cudnn_fwd_ms, a.cudnn_bwd_ms, a.cudnn_workspace_bytes, a.cudnn_backward_ops,
+          a.own_backward_ops, a.cudnn_version.c_str());
+    };
+    gpu::CudaExecutorOptions cudnn;
+    cudnn.attention = gpu::AttentionImpl::cudnn;
+    gpu::CudaExecutorOptions autopick;
+    autopick.attention = gpu::AttentionImpl::auto_select;
+    if (gpu::cudnn_attention_built()) {
+      auto exc_r = gpu::CudaExecutor::create(gpu_plan, cudnn);
+      check(exc_r.ok(), "attention = cudnn: executor created" +
+                            (exc_r ? std::string() : ": " + exc_r.error().message));
+      if (exc_r) {
+        auto& exc = **exc_r;
+        const auto& a = exc.attention_choice();
+        std::printf("  attention = cudnn: %s\n", describe(a).c_str());
+        check(a.chosen == gpu::AttentionImpl::cudnn &&
+                  a.cudnn_backward_ops == static_cast<int>(small_gpt().n_layer) &&
+                  a.own_backward_ops == 0,
+              fmt("attention = cudnn: cuDNN runs all %d attention backwards (first writers of "
+                  "dqkv)",
+                  static_cast<int>(small_gpt().n_layer)));
+        check(exc.memory().attention_workspace_bytes == a.cudnn_workspace_bytes,
+              fmt("attention = cudnn: its workspace (%zu bytes) reported in DeviceMemory",
+                  a.cudnn_workspace_bytes));
+        const auto cl = train_gpu(exc, tokens, targets, loss_scale, adamw);
+        for (int i = 0; i < kSteps; ++i)
+          std::printf("  step %2d  cpu %.6f  gpu(cudnn) %.6f\n", i + 1, cpu_losses[i], cl[i]);
+        const double w = losses_vs_cpu(cl);
+        check(exc.graphs_captured() >= 1 && w <= 1e-2,
+              fmt("attention = cudnn, graph replay: 10-step losses vs CPU worst relative %.2e <= "
+                  "1e-2",
+                  w));
+        gpu::CudaExecutorOptions cudnn_eager = cudnn;
+        cudnn_eager.mode = gpu::ExecutionMode::op_by_op;
+        auto exe = must(gpu::CudaExecutor::create(gpu_plan, cudnn_eager), "create cudnn op-by-op");
+        const auto el = train_gpu(*exe, tokens, targets, loss_scale, adamw);
+        double we = 0;
+        for (int i = 0; i < kSteps; ++i) we = std::max(we, std::fabs(el[i] - cl[i]) / cl[i]);
+        check(we <= 1e-3,
+              fmt("attention = cudnn, op by op: losses equal its graph replay's (worst %.2e <= "
+                  "1e-3)",
+                  we));
+      }
+      auto exa = must(gpu::CudaExecutor::create(gpu_plan, autopick), "create auto");
+      const auto& a = exa->attention_choice();
+      std::printf("  attention = auto: %s\n", describe(a).c_str());
+      check(a.own_fwd_ms > 0 && a.own_bwd_ms > 0 && a.cudnn_fwd_ms > 0 && a.cudnn_bwd_ms > 0 &&
+                !a.reason.empty() &&
+                (a.chosen == gpu::AttentionImpl::cudnn) ==
+                    (a.cudnn_fwd_ms + a.cudnn_bwd_ms < a.own_fwd_ms + a.own_bwd_ms),
+            "attention = auto: both timed, the faster chosen (" +
+                std::string(gpu::attention_impl_name(a.chosen)) + ")");
+      const double wa = losses_vs_cpu(train_gpu(*exa, tokens, targets, loss_scale, adamw));
+      check(wa <= 1e-2,
+            fmt("attention = auto: 10-step losses vs CPU worst relative %.2e <= 1e-2", wa));
+    } else {
+      auto refused = gpu::CudaExecutor::create(gpu_plan, cudnn);
+      check(!refused && refused.error().message.find("cudnn_frontend_dir") != std::string::npos,
+            "no cuDNN build: attention = cudnn refused naming the meson option: " +
+                (refused ? std::string("accepted") : refused.error().message));
+      auto exa = must(gpu::CudaExecutor::create(gpu_plan, autopick), "create auto");
+      check(
+          exa->attention_choice().chosen == gpu::AttentionImpl::own,
+          "no cuDNN build: attention = auto chooses own (" + exa->attention_choice().reason + ")");
+    }
+  }
 
   // ---- export for the PyTorch reference ----
   if (!export_dir.empty()) {

@@ -1,8 +1,9 @@
 // Times our causal attention (kernels/cuda/attention.cu) on GPT-2 124M shapes: T, NH=12, hs=64,
 // for the given batch sizes: forward (y, lse) and backward (delta + dK/dV + dQ, accumulating into
-// dqkv), each implementation, CUDA events, median of reps. Prints one JSON object on stdout;
-// attention_torch.py adds PyTorch's scaled_dot_product_attention from the same device run.
-// Usage: attention_bench [T] [B...]    (default: 1024 16 64)
+// dqkv), each implementation, CUDA events, median of reps; and a "cudnn" row: cuDNN's fused
+// attention through attention_cudnn.cuh (its backward overwrites dqkv), when built with it. Prints
+// one JSON object on stdout; attention_torch.py adds PyTorch's scaled_dot_product_attention from
+// the same device run. Usage: attention_bench [T] [B...]    (default: 1024 16 64)
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -14,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "attention_cudnn.cuh"
 #include "attention_variants.cuh"
 
 namespace gpu = topolaunch::kernels::cuda;
@@ -129,6 +131,40 @@ int main(int argc, char** argv) {
       first = false;
       std::fflush(stdout);
     }
+    // cuDNN's fused attention on the same buffers (its own workspace)
+    if (!gpu::cudnn_attention_built()) {
+      std::printf("%s\n  {\"impl\": \"cudnn\", \"B\": %lld, \"error\": \"not built\"}",
+                  first ? "" : ",", static_cast<long long>(B));
+    } else if (auto att = gpu::CudnnAttention::create(B, T, C, NH); !att) {
+      std::string msg = att.error().message;
+      for (auto& ch : msg)
+        if (ch == '"' || ch == '\\') ch = '\'';
+      std::printf("%s\n  {\"impl\": \"cudnn\", \"B\": %lld, \"error\": \"%s\"}", first ? "" : ",",
+                  static_cast<long long>(B), msg.c_str());
+    } else {
+      const auto& a = **att;
+      void* cws = nullptr;
+      check(cudaMalloc(&cws, std::max<std::size_t>(a.workspace_bytes(), 1)), "malloc");
+      auto must = [](const topolaunch::Status& st) {
+        if (!st) {
+          std::fprintf(stderr, "attention_bench: %s\n", st.error().message.c_str());
+          std::exit(1);
+        }
+      };
+      const Timing f = time_it(30, [&] { must(a.forward(y, lse, qkv, cws, nullptr)); });
+      const Timing b = time_it(30, [&] { must(a.backward(dqkv, dy, qkv, y, lse, cws, nullptr)); });
+      check(cudaDeviceSynchronize(), "run");
+      std::printf(
+          "%s\n  {\"impl\": \"cudnn\", \"B\": %lld, \"fwd_median_ms\": %.4f, \"fwd_min_ms\": "
+          "%.4f, \"bwd_median_ms\": %.4f, \"bwd_min_ms\": %.4f, \"fwd_tflops\": %.1f, "
+          "\"bwd_tflops\": %.1f, \"workspace_bytes\": %zu, \"version\": \"%s\"}",
+          first ? "" : ",", static_cast<long long>(B), f.median_ms, f.min_ms, b.median_ms, b.min_ms,
+          2 * gflop_unit / f.median_ms, 5 * gflop_unit / b.median_ms, a.workspace_bytes(),
+          a.version().c_str());
+      cudaFree(cws);
+    }
+    first = false;
+    std::fflush(stdout);
     cudaFree(qkv);
     cudaFree(dqkv);
     cudaFree(y);

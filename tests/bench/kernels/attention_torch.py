@@ -79,7 +79,7 @@ def main():
             torch.cuda.empty_cache()
         flash = result["torch"][f"flash_B{B}"]
         for r in ours["runs"]:
-            if r["B"] != B or "fwd_median_ms" not in flash:
+            if r["B"] != B or "fwd_median_ms" not in flash or "fwd_median_ms" not in r:
                 continue
             result["ratios"].append({
                 "impl": r["impl"], "B": B,

@@ -4,9 +4,11 @@
 //   {"bench":"gpt2_train", "batch":B, "mode":"graph"|"op_by_op", "budget_gib":0|16, ...}
 // with median and p90 step time (CUDA events between consecutive step launches, after warm-up),
 // tokens/s, the arena, the planned max-live bound, the device memory in use (cudaMemGetInfo, minus
-// what the process held before the executor existed) and, for the whole-step graph, its nodes.
+// what the process held before the executor existed) and, for the whole-step graph, its nodes;
+// and the attention implementation in use (own | cudnn), with the timings an auto choice made.
 //
-// usage: gpt2_bench [config ...]  where config = B:mode[:budget_gib], default
+// usage: gpt2_bench [config ...]  where config = B:mode[:budget_gib][:attention], attention =
+//        auto (default) | own | cudnn; default configs
 //        16:graph 64:graph 8:graph 8:op_by_op 64:graph:16
 #include <cuda_runtime.h>
 
@@ -36,6 +38,7 @@ struct Config {
   bool graph = true;
   bool profile = false;  // op by op with CUDA events around every op: time by op kind
   double budget_gib = 0;
+  gpu::AttentionImpl attention = gpu::AttentionImpl::auto_select;
 };
 
 Config parse(const std::string& s) {
@@ -48,7 +51,22 @@ Config parse(const std::string& s) {
         s.substr(a + 1, b == std::string::npos ? std::string::npos : b - a - 1);
     c.graph = mode != "op_by_op" && mode != "profile";
     c.profile = mode == "profile";
-    if (b != std::string::npos) c.budget_gib = std::atof(s.substr(b + 1).c_str());
+    // the rest: [budget_gib][:attention], in either order
+    std::size_t at = b;
+    while (at != std::string::npos) {
+      const auto next = s.find(':', at + 1);
+      const std::string f =
+          s.substr(at + 1, next == std::string::npos ? std::string::npos : next - at - 1);
+      if (f == "own")
+        c.attention = gpu::AttentionImpl::own;
+      else if (f == "cudnn")
+        c.attention = gpu::AttentionImpl::cudnn;
+      else if (f == "auto")
+        c.attention = gpu::AttentionImpl::auto_select;
+      else
+        c.budget_gib = std::atof(f.c_str());
+      at = next;
+    }
   }
   return c;
 }
@@ -95,6 +113,7 @@ int run(const Config& cfg) {
   gpu::CudaExecutorOptions opt;
   opt.mode = cfg.graph ? gpu::ExecutionMode::graph : gpu::ExecutionMode::op_by_op;
   opt.profile_ops = cfg.profile;
+  opt.attention = cfg.attention;
   auto ex_r = gpu::CudaExecutor::create(*plan, opt);
   if (!ex_r) {
     std::printf("{\"bench\":\"gpt2_train\",\"batch\":%d,\"error\":\"%s\"}\n", cfg.batch,
@@ -167,6 +186,10 @@ int run(const Config& cfg) {
   const std::size_t used = used_bytes() - used0;
   const double med = percentile(ms, 0.5), p90 = percentile(ms, 0.9);
   const auto& mp = ex->plan().memory;
+  const gpu::AttentionChoice& ac = ex->attention_choice();
+  std::string reason = ac.reason;  // JSON-safe
+  for (auto& ch : reason)
+    if (ch == '"' || ch == '\\') ch = '\'';
   std::printf(
       "{\"bench\":\"gpt2_train\",\"system\":\"topolaunch_cuda\",\"model\":\"gpt2-124m\",\"batch\":%"
       "d,"
@@ -175,14 +198,20 @@ int run(const Config& cfg) {
       "\"max_live_gib\":%.4f,\"device_used_gib\":%.4f,\"recomputed_tensors\":%zu,"
       "\"extra_compute_pct\":%.2f,\"graph_nodes\":%zu,\"host_launch_ms_per_step\":%.3f,"
       "\"plan_s\":%.3f,\"first_step_s\":%.3f,\"loss_after_warmup\":%.4f,\"loss_last\":%.4f,"
-      "\"grad_norm_last\":%.4f,\"timed_steps\":%d}\n",
+      "\"grad_norm_last\":%.4f,\"timed_steps\":%d,\"attention\":{\"option\":\"%s\","
+      "\"chosen\":\"%s\",\"own_fwd_ms\":%.4f,\"own_bwd_ms\":%.4f,\"cudnn_fwd_ms\":%.4f,"
+      "\"cudnn_bwd_ms\":%.4f,\"cudnn_workspace_bytes\":%zu,\"cudnn_backward_ops\":%d,"
+      "\"cudnn_version\":\"%s\",\"reason\":\"%s\"}}\n",
       cfg.batch, cfg.graph ? "graph" : (cfg.profile ? "profile_op_by_op" : "op_by_op"),
       cfg.budget_gib, med, p90, static_cast<double>(BT) / (med / 1e3),
       static_cast<double>(mp.arena_bytes) / kGiB,
       static_cast<double>(ex->plan().unconstrained.arena_bytes) / kGiB,
       static_cast<double>(mp.max_live_bytes) / kGiB, static_cast<double>(used) / kGiB,
       ex->plan().recompute.size(), 100.0 * ex->plan().extra_flops / ex->plan().step_flops,
-      ex->graph_nodes(), host_enqueue_ms, plan_s, first_step_s, loss_warm, loss, norm, kTimedSteps);
+      ex->graph_nodes(), host_enqueue_ms, plan_s, first_step_s, loss_warm, loss, norm, kTimedSteps,
+      gpu::attention_impl_name(cfg.attention), gpu::attention_impl_name(ac.chosen), ac.own_fwd_ms,
+      ac.own_bwd_ms, ac.cudnn_fwd_ms, ac.cudnn_bwd_ms, ac.cudnn_workspace_bytes,
+      ac.cudnn_backward_ops, ac.cudnn_version.c_str(), reason.c_str());
   std::fflush(stdout);
   if (cfg.profile) {
     // The last step's GPU time by op kind (events around each op, launched op by op).
