@@ -238,8 +238,14 @@ checks = {}
 checks["a_finished"] = rc_a == 0 and len(a) == steps
 checks["b_exit_75_and_line"] = rc_b == 75 and stop is not None and stop < steps
 checks["b_checkpoint_file"] = res["b_checkpoint_bytes"] is not None
-checks["b_losses_equal_a_before_stop"] = bool(b) and all(
-    a.get(s, {}).get("loss") == r["loss"] for s, r in b.items())
+# (a) and (b) are the same run up to the stop; the executor's GEMM autotune times candidate
+# algorithms at first use, so two runs may pick different ones (different summation order): equal
+# within 1e-2, and how many are bit-identical is reported.
+b_rel = [abs(a[s]["loss"] - r["loss"]) / abs(a[s]["loss"]) for s, r in b.items() if s in a]
+res["b_steps_bit_identical_to_a"] = sum(1 for s, r in b.items() if s in a and a[s]["loss"] == r["loss"])
+res["b_steps"] = len(b)
+res["b_max_rel_loss_diff_to_a"] = max(b_rel) if b_rel else None
+checks["b_losses_match_a_before_stop"] = bool(b) and len(b_rel) == len(b) and max(b_rel) <= 1e-2
 clog = open(os.path.join(work, "c.log"), errors="replace").read()
 checks["c_resumed_at_stop"] = stop is not None and f"at step {stop}" in clog and rc_c == 0
 tail = [s for s in range(stop + 1, steps + 1)] if stop else []
