@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Builds, ON A 2-GPU H200 HOST, `topolaunch` (the launcher) and `topolaunch-worker` with the CUDA
-# backend and NCCL, then runs the data-parallel GPT-2 124M job configs/jobs/gpt2-124m-h200x2.toml
+# Builds, ON A 2-GPU H200 HOST (or one of RANKS GPUs), `topolaunch` (the launcher), `topodiag` and
+# `topolaunch-worker` with the CUDA backend and NCCL, then runs the data-parallel GPT-2 124M job
+# configs/jobs/gpt2-124m-h200x2.toml (RANKS=2; other RANKS: the same job with ranks_per_node=RANKS)
 # through the launcher: `topolaunch map`, `topolaunch run`, a check that the binding each worker
 # reports (GPU PCI bus id, CPU affinity, NUMA memory policy: read back by the worker itself) equals
 # the rank map, the job report, the loss and tokens/s; then the same job on one GPU without the
@@ -19,6 +20,12 @@
 #   tests/gpu/run_launcher_on_gpu_host.sh              on the GPU host, from the repository root
 #
 # SRC: the sources to build (default .carry-launcher/src when it exists, else this tree).
+# RANKS (default 2): ranks of the job, one per GPU. JOB_CONFIG=FILE: that job file instead.
+# BUILD_ONLY=1: stop after the build. SKIP_BUILD=1: no build, use $BUILD/bin as it is.
+# BUILD_BENCH=1: also ddp_gpt2_bench and allreduce_bench (tests/bench/kernels, from
+#   $SRC/tests when the snapshot has them, else this tree) into $BUILD/bin, on the same objects.
+# SINGLE_GPU=0: no single-GPU reference run at the end.
+# (tests/gpu/run_multi_gpu.sh drives this script for the any-GPU-count runs of issue 9.)
 # Logs go to $OUT (default build-gpu-launcher/out): build.log map.txt job.log ranks.log report.json
 # binding.txt single.log (7 files; the device tool brings back 8).
 # Every stage prints "=== STAGE <name>" and "--- <name>: ok|FAILED"; a failed stage does not stop
@@ -59,6 +66,12 @@ CXX=${CXX:-g++}
 CUDA=${CUDA:-/usr/local/cuda}
 NVCC=${NVCC:-$CUDA/bin/nvcc}
 JOBS=${JOBS:-$(nproc)}
+RANKS=${RANKS:-2}
+BUILD_ONLY=${BUILD_ONLY:-0}
+SKIP_BUILD=${SKIP_BUILD:-0}
+BUILD_BENCH=${BUILD_BENCH:-0}
+BENCH_SRC=$SRC
+[ -f "$BENCH_SRC/tests/bench/kernels/ddp_gpt2_bench.cu" ] || BENCH_SRC=.
 T0=$SECONDS
 stage() { echo; echo "=== STAGE $1 (at $((SECONDS - T0)) s)"; }
 result() { if [ "$2" -eq 0 ]; then echo "--- $1: ok"; else echo "--- $1: FAILED (status $2)"; fi; }
@@ -123,6 +136,14 @@ CXXFLAGS=(-std=c++20 -O2 -g0 -pthread -Wall -Wextra "${DEFS[@]}" "${OURINC[@]}" 
 NVFLAGS=(-std=c++20 -O2 -gencode=arch=compute_90,code=sm_90 --extended-lambda "${OURINC[@]}")
 
 # --- build: every object in parallel, nvcc first (the long pole) -----------------------------
+diag_rc=1; bench_rc=0
+if [ "$SKIP_BUILD" = 1 ]; then
+stage "build (skipped: SKIP_BUILD=1, using $BUILD/bin)"
+launcher_rc=1; [ -x "$BUILD/bin/topolaunch" ] && launcher_rc=0
+worker_rc=1; [ -x "$BUILD/bin/topolaunch-worker" ] && worker_rc=0
+result "topolaunch present" $launcher_rc
+result "topolaunch-worker present" $worker_rc
+else
 stage "build"
 rm -f "$BUILD"/obj/*.o "$BUILD"/obj/*.failed
 throttle() { while [ "$(jobs -rp | wc -l)" -ge "$JOBS" ]; do sleep 0.1; done; }
@@ -132,16 +153,21 @@ cc() {  # cc OBJ_NAME SOURCE [extra flags...]
   ( $CXX "${CXXFLAGS[@]}" "$@" -c "$src" -o "$BUILD/obj/$obj.o" > "$BUILD/obj/$obj.log" 2>&1 \
       || touch "$BUILD/obj/$obj.failed" ) &
 }
-nv() {
-  local obj=$1 src=$2
+nv() {  # nv OBJ_NAME SOURCE [extra flags...]
+  local obj=$1 src=$2; shift 2
   throttle
-  ( "$NVCC" "${NVFLAGS[@]}" -c "$src" -o "$BUILD/obj/$obj.o" > "$BUILD/obj/$obj.log" 2>&1 \
+  ( "$NVCC" "${NVFLAGS[@]}" "$@" -c "$src" -o "$BUILD/obj/$obj.o" > "$BUILD/obj/$obj.log" 2>&1 \
       || touch "$BUILD/obj/$obj.failed" ) &
 }
 # LAUNCHER_ONLY=1: the launcher alone (a check of this script on a host without GPUs).
 LAUNCHER_ONLY=${LAUNCHER_ONLY:-0}
 if [ "$LAUNCHER_ONLY" != 1 ]; then
-  for f in cuda_backend kernels matmul attention; do nv "cu_$f" "$SRC/kernels/cuda/$f.cu"; done
+  for f in cuda_backend kernels matmul attention attention_cudnn; do  # attention_cudnn: without cuDNN
+    [ -f "$SRC/kernels/cuda/$f.cu" ] && nv "cu_$f" "$SRC/kernels/cuda/$f.cu"
+  done
+  if [ "$BUILD_BENCH" = 1 ]; then
+    nv bench_ddp_gpt2 "$BENCH_SRC/tests/bench/kernels/ddp_gpt2_bench.cu" -I"$BENCH_SRC/tests/gpu"
+  fi
 fi
 # the UCX entry point of the preflight, absent in this build
 cat > "$BUILD/obj/ucx_absent.cpp" <<'EOT'
@@ -183,7 +209,13 @@ if [ "$LAUNCHER_ONLY" != 1 ]; then
   cc kernels_worker_main "$SRC/kernels/src/worker_main.cpp" -DTOPOLAUNCH_WITH_CUDA=1
   cc cuda_worker "$SRC/kernels/cuda/cuda_worker.cpp" -DTOPOLAUNCH_WITH_CUDA=1
   cc nccl_communicator "$SRC/kernels/cuda/nccl_communicator.cpp"
+  if [ "$BUILD_BENCH" = 1 ]; then
+    cc bench_nccl_env "$SRC/kernels/cuda/nccl_communicator_env.cpp"
+    cc bench_allreduce "$BENCH_SRC/tests/bench/kernels/allreduce_bench.cpp" -I"$BENCH_SRC/tests/gpu"
+  fi
 fi
+# topodiag (not 'topo_*': those objects are the topology library linked into topolaunch)
+cc diag_topodiag_main "$SRC/topology/topodiag/main.cpp" '-DTOPOLAUNCH_VERSION="gpu-host-build"'
 wait
 build_rc=0
 for f in "$BUILD"/obj/*.failed; do
@@ -205,6 +237,13 @@ else
   echo "link topolaunch FAILED:"; tail -20 "$OUT/build.log"
 fi
 result "build topolaunch" $launcher_rc
+if $CXX -o "$BUILD/bin/topodiag" $(o diag_topodiag_main 'topo_*') -lhwloc "${LIBS[@]}" -ldl -pthread \
+     >> "$OUT/build.log" 2>&1; then
+  diag_rc=0
+else
+  echo "link topodiag FAILED:"; tail -20 "$OUT/build.log"
+fi
+result "build topodiag" $diag_rc
 worker_rc=1
 if [ "$LAUNCHER_ONLY" = 1 ]; then
   echo "LAUNCHER_ONLY=1: topolaunch-worker not built"
@@ -216,17 +255,45 @@ else
   echo "link topolaunch-worker FAILED:"; tail -20 "$OUT/build.log"
 fi
 result "build topolaunch-worker" $worker_rc
+if [ "$BUILD_BENCH" = 1 ] && [ "$LAUNCHER_ONLY" != 1 ]; then
+  if ! $CXX -fopenmp -o "$BUILD/bin/ddp_gpt2_bench" $(o bench_ddp_gpt2 'cu_*' kernels_graph kernels_plan \
+         kernels_cpu_backend nccl_communicator bench_nccl_env 'wireup_*') \
+         -L"$CUDA/lib64" -lcublasLt -lcudart -lnccl $CRYPTO "${LIBS[@]}" -ldl -pthread >> "$OUT/build.log" 2>&1; then
+    bench_rc=1; echo "link ddp_gpt2_bench FAILED:"; tail -20 "$OUT/build.log"
+  fi
+  if ! $CXX -o "$BUILD/bin/allreduce_bench" $(o bench_allreduce nccl_communicator bench_nccl_env 'wireup_*') \
+         -L"$CUDA/lib64" -lcudart -lnccl $CRYPTO "${LIBS[@]}" -ldl -pthread >> "$OUT/build.log" 2>&1; then
+    bench_rc=1; echo "link allreduce_bench FAILED:"; tail -20 "$OUT/build.log"
+  fi
+  result "build ddp_gpt2_bench + allreduce_bench" $bench_rc
+fi
 echo "build done at $((SECONDS - T0)) s"
+fi  # SKIP_BUILD
 export PATH="$PWD/$BUILD/bin:$PATH"
+if [ "$BUILD_ONLY" = 1 ]; then
+  echo "=== SUMMARY (BUILD_ONLY=1): build topolaunch $launcher_rc, topodiag $diag_rc," \
+    "worker $worker_rc, benches $bench_rc (0 = ok); total $((SECONDS - T0)) s"
+  exit $(( launcher_rc || $diag_rc || worker_rc || bench_rc ))
+fi
 
 # --- the job --------------------------------------------------------------------------------
-JOB_SRC="$SRC/configs/jobs/gpt2-124m-h200x2.toml"
-JOB="$PWD/$BUILD/gpt2-124m-h200x2.toml"
+# RANKS=2: the x2 job as it is; other counts: the same job with that many ranks (the 8-rank
+# configs/jobs/gpt2-124m-h200.toml is the multi-node job: token data file, RDMA preflight).
+JOB_SRC=${JOB_CONFIG:-$SRC/configs/jobs/gpt2-124m-h200x2.toml}
+JOB_NAME=gpt2-124m-h200x$RANKS
+[ -n "${JOB_CONFIG:-}" ] && JOB_NAME=$(basename "$JOB_CONFIG" .toml)
+JOB="$PWD/$BUILD/$JOB_NAME.toml"
 DATA="$PWD/$CARRY/data/Rdata.rdb"
 [ -f "$DATA" ] || DATA=/usr/lib/R/site-library/janeaustenr/data/Rdata.rdb
-# the carried data file, and the step count (STEPS) for this run
+# the carried data file, the step count (STEPS) and, without JOB_CONFIG, RANKS for this run
+RANK_EDIT=()
+if [ -z "${JOB_CONFIG:-}" ] && [ "$RANKS" != 2 ]; then
+  RANK_EDIT=(-e "s|^ranks_per_node = .*|ranks_per_node = $RANKS           # one rank per GPU (RANKS)|"
+             -e "s|^name = .*|name = \"$JOB_NAME\"|")
+fi
 sed -e "s|^kind = \"janeaustenr\".*|kind = \"janeaustenr\"\npath = \"$DATA\"|" \
-    -e "s|^steps = .*|steps = ${STEPS:-40}|" "$JOB_SRC" > "$JOB"
+    -e "s|^steps = .*|steps = ${STEPS:-40}|" "${RANK_EDIT[@]}" "$JOB_SRC" > "$JOB"
+echo "job file: $JOB (from $JOB_SRC, RANKS=$RANKS)"; grep -E "^(name|ranks_per_node|steps) =" "$JOB"
 JOBDIR="$PWD/$BUILD/job"
 rm -rf "$JOBDIR"
 
@@ -240,7 +307,7 @@ if [ $launcher_rc -eq 0 ]; then
 fi
 result "topolaunch map" $map_rc
 
-stage "topolaunch run (2 ranks, GPT-2 124M, bf16, NCCL)"
+stage "topolaunch run ($RANKS ranks, GPT-2 124M, bf16, NCCL)"
 run_rc=1
 if [ $launcher_rc -eq 0 ] && [ $worker_rc -eq 0 ]; then
   timeout "${RUN_TIMEOUT_S:-170}" topolaunch run "$JOB" --local --job-dir "$JOBDIR" 2>&1 | tee "$OUT/job.log"
@@ -342,7 +409,9 @@ EOF
 
 stage "the same job on one GPU, no launcher (scaling reference)"
 single_rc=1
-if [ $worker_rc -eq 0 ] && [ $((SECONDS - T0)) -lt "${SINGLE_START_BY_S:-270}" ]; then
+if [ "${SINGLE_GPU:-1}" = 0 ]; then
+  echo "skipped (SINGLE_GPU=0)"; single_rc=0
+elif [ $worker_rc -eq 0 ] && [ $((SECONDS - T0)) -lt "${SINGLE_START_BY_S:-270}" ]; then
   (cd "$BUILD" && CUDA_VISIBLE_DEVICES=0 timeout 60 env -u WORLD_SIZE -u RANK topolaunch-worker \
      --set train.steps=20 "$JOB") > "$OUT/single.log" 2>&1
   single_rc=$?
