@@ -141,6 +141,7 @@ if [ "$SKIP_BUILD" = 1 ]; then
 stage "build (skipped: SKIP_BUILD=1, using $BUILD/bin)"
 launcher_rc=1; [ -x "$BUILD/bin/topolaunch" ] && launcher_rc=0
 worker_rc=1; [ -x "$BUILD/bin/topolaunch-worker" ] && worker_rc=0
+[ -x "$BUILD/bin/topodiag" ] && diag_rc=0
 result "topolaunch present" $launcher_rc
 result "topolaunch-worker present" $worker_rc
 else
@@ -256,13 +257,16 @@ else
 fi
 result "build topolaunch-worker" $worker_rc
 if [ "$BUILD_BENCH" = 1 ] && [ "$LAUNCHER_ONLY" != 1 ]; then
-  if ! $CXX -fopenmp -o "$BUILD/bin/ddp_gpt2_bench" $(o bench_ddp_gpt2 'cu_*' kernels_graph kernels_plan \
-         kernels_cpu_backend nccl_communicator bench_nccl_env 'wireup_*') \
-         -L"$CUDA/lib64" -lcublasLt -lcudart -lnccl $CRYPTO "${LIBS[@]}" -ldl -pthread >> "$OUT/build.log" 2>&1; then
+  # the benchmarks take what they need from one archive of the worker's objects (less its main)
+  rm -f "$BUILD/obj/libbench_deps.a"
+  ar rcs "$BUILD/obj/libbench_deps.a" $(o 'kernels_*' 'cu_*' nccl_communicator bench_nccl_env 'wireup_*' \
+    | grep -v '/kernels_worker_main\.o$') >> "$OUT/build.log" 2>&1 || bench_rc=1
+  if ! $CXX -fopenmp -o "$BUILD/bin/ddp_gpt2_bench" $(o bench_ddp_gpt2) "$BUILD/obj/libbench_deps.a" \
+         -L"$CUDA/lib64" -lcublasLt -lcudart -lnccl $CRYPTO $ZLIB "${LIBS[@]}" -ldl -pthread >> "$OUT/build.log" 2>&1; then
     bench_rc=1; echo "link ddp_gpt2_bench FAILED:"; tail -20 "$OUT/build.log"
   fi
-  if ! $CXX -o "$BUILD/bin/allreduce_bench" $(o bench_allreduce nccl_communicator bench_nccl_env 'wireup_*') \
-         -L"$CUDA/lib64" -lcudart -lnccl $CRYPTO "${LIBS[@]}" -ldl -pthread >> "$OUT/build.log" 2>&1; then
+  if ! $CXX -fopenmp -o "$BUILD/bin/allreduce_bench" $(o bench_allreduce) "$BUILD/obj/libbench_deps.a" \
+         -L"$CUDA/lib64" -lcudart -lnccl $CRYPTO $ZLIB "${LIBS[@]}" -ldl -pthread >> "$OUT/build.log" 2>&1; then
     bench_rc=1; echo "link allreduce_bench FAILED:"; tail -20 "$OUT/build.log"
   fi
   result "build ddp_gpt2_bench + allreduce_bench" $bench_rc
