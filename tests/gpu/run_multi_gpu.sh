@@ -60,10 +60,10 @@ if [ "${1:-}" = "--prepare" ]; then
   cat <<EOT
 
 The device call (carry: [".carry-launcher"]; the script itself runs from the working tree):
-  dry run on 2 GPUs (~150 s, with the build):
+  dry run on 2 GPUs (~120-150 s of script after the machine starts, build included):
     kind: nvidia-h200-x2   timeout_s: 240   carry: [".carry-launcher"]
     command: $ENV_LINE QUICK=1 DEADLINE_S=225 bash tests/gpu/run_multi_gpu.sh
-  issue 9 on 8 GPUs (~7-8 min):
+  issue 9 on 8 GPUs (~400 s estimated; DEADLINE_S bounds it):
     kind: nvidia-h200-x8   timeout_s: 600   carry: [".carry-launcher"]
     command: $ENV_LINE DEADLINE_S=575 bash tests/gpu/run_multi_gpu.sh
 EOT
