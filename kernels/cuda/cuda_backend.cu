@@ -365,6 +365,7 @@ Status CudaExecutor::init() {
   for (const Op& op : g.ops)
     if (op.kind == OpKind::adamw && op.outputs.size() >= 4)
       master_of_[static_cast<std::size_t>(op.outputs[0])] = op.outputs[3];
+  fuse_gelu_pairs();
   TL_STATUS_TRY(build_multi_tensor_tables());
   const std::size_t n_buckets = plan_.comm.buckets.size();
   bucket_ready_.assign(n_buckets, nullptr);
@@ -798,6 +799,115 @@ Result<std::vector<float>> CudaExecutor::values(TensorId t) {
   return out;
 }
 
+// fuse_gelu: find the (GEMM op, gelu op) pairs that one epilogue GEMM can run.
+//   forward:  i = matmul_forward writing P, j = the next op touching P = gelu_forward(P) -> H;
+//             at i: P and H = gelu(P) from one GEMM (GELU_AUX_BIAS).
+//   backward: i = matmul_backward writing its dx = dH with beta 0 (overwrite_), j = the next op
+//             touching dH = gelu_backward(dH, P) -> dP, also overwriting; dH read by nothing else;
+//             at i: dP = (dy @ w) * gelu'(P) (DGELU), dH is never materialised.
+// The fused op writes j's output earlier than the plan scheduled it, so that output's arena range
+// must not hold any other liveness-planned tensor in use between i and j (the planner reuses
+// offsets across lifetimes), and j's inputs must already hold their values at i.
+void CudaExecutor::fuse_gelu_pairs() {
+  const Graph& g = plan_.graph;
+  const std::size_t n_ops = g.ops.size(), n_tensors = g.tensors.size();
+  gelu_partner_.assign(n_ops, kNoPartner);
+  gelu_fused_into_.assign(n_ops, kNoPartner);
+  if (!options_.fuse_gelu) return;
+  // first and last op touching each tensor; zero ops skipped by overwrite_first_gradient do not
+  // count (they do not run)
+  std::vector<std::size_t> first(n_tensors, kNoPartner), last(n_tensors, 0);
+  auto touches = [&](std::size_t k, auto&& visit) {
+    const Op& o = g.ops[k];
+    if (o.kind == OpKind::zero && skip_zero_[k]) return;
+    for (auto t : o.inputs) visit(t, false);
+    for (auto t : o.outputs) visit(t, true);
+    if (o.workspace != kNoTensor) visit(o.workspace, true);
+  };
+  for (std::size_t k = 0; k < n_ops; ++k)
+    touches(k, [&](TensorId t, bool) {
+      const auto u = static_cast<std::size_t>(t);
+      if (first[u] == kNoPartner) first[u] = k;
+      last[u] = k;
+    });
+  auto planned = [&](std::size_t u) {
+    const Role r = g.tensors[u].role;
+    return r == Role::activation || r == Role::input || r == Role::workspace;
+  };
+  // Does writing t at op i (instead of j) clobber another tensor live somewhere in [i, j]?
+  auto clashes = [&](TensorId t, std::size_t i, std::size_t j, TensorId exempt, TensorId exempt2) {
+    const std::size_t off = plan_.memory.offsets[static_cast<std::size_t>(t)];
+    if (off == kNoOffset) return true;
+    const std::size_t end = off + g[t].bytes();
+    for (std::size_t u = 0; u < n_tensors; ++u) {
+      const auto id = static_cast<TensorId>(u);
+      if (id == t || id == exempt || id == exempt2) continue;
+      const std::size_t uo = plan_.memory.offsets[u];
+      if (uo == kNoOffset || g.tensors[u].bytes() == 0) continue;
+      if (uo >= end || uo + g.tensors[u].bytes() <= off) continue;  // disjoint ranges
+      if (!planned(u)) return true;
+      if (first[u] != kNoPartner && first[u] <= j && last[u] >= i) return true;
+    }
+    return false;
+  };
+  // the next op after i that touches t (reads or writes), or n_ops
+  auto next_touch = [&](TensorId t, std::size_t i) {
+    for (std::size_t k = i + 1; k < n_ops; ++k) {
+      bool hit = false;
+      touches(k, [&](TensorId x, bool) { hit = hit || x == t; });
+      if (hit) return k;
+    }
+    return n_ops;
+  };
+  auto written_between = [&](TensorId t, std::size_t i, std::size_t j) {
+    for (std::size_t k = i + 1; k < j; ++k) {
+      bool hit = false;
+      touches(k, [&](TensorId x, bool out) { hit = hit || (out && x == t); });
+      if (hit) return true;
+    }
+    return false;
+  };
+  for (std::size_t i = 0; i < n_ops; ++i) {
+    const Op& a = g.ops[i];
+    if (a.kind == OpKind::matmul_forward && a.outputs.size() == 1) {
+      const TensorId pre = a.outputs[0];
+      const std::size_t j = next_touch(pre, i);
+      if (j == n_ops) continue;
+      const Op& b = g.ops[j];
+      if (b.kind != OpKind::gelu_forward || b.inputs.size() != 1 || b.inputs[0] != pre ||
+          b.outputs.size() != 1 || b.phase != a.phase || gelu_fused_into_[j] != kNoPartner)
+        continue;
+      const TensorId h = b.outputs[0];
+      if (g[h].dtype != DType::bf16 || g[pre].dtype != DType::bf16 || g[h].shape.empty() ||
+          g[h].shape.back() % 8 != 0 || next_touch(h, i) != j ||
+          clashes(h, i, j, kNoTensor, kNoTensor))
+        continue;
+      gelu_partner_[i] = j;
+      gelu_fused_into_[j] = i;
+    } else if (a.kind == OpKind::matmul_backward && overwrite_[i] && a.outputs.size() >= 2) {
+      const TensorId dh = a.outputs[0];
+      const std::size_t j = next_touch(dh, i);
+      if (j == n_ops) continue;
+      const Op& b = g.ops[j];
+      if (b.kind != OpKind::gelu_backward || !overwrite_[j] || b.inputs.size() != 2 ||
+          b.inputs[0] != dh || b.outputs.size() != 1 || b.phase != a.phase ||
+          gelu_fused_into_[j] != kNoPartner || last[static_cast<std::size_t>(dh)] != j)
+        continue;
+      const TensorId pre = b.inputs[1], dpre = b.outputs[0];
+      // the GEMM's input x (the GELU output) is read before dpre is written
+      // (matmul_backward_dgelu), so dpre may reuse x's memory when x dies at i
+      const TensorId x = a.inputs[1];
+      const TensorId x_dead = last[static_cast<std::size_t>(x)] == i ? x : kNoTensor;
+      if (g[dpre].dtype != DType::bf16 || g[pre].dtype != DType::bf16 || g[dpre].shape.empty() ||
+          g[dpre].shape.back() % 8 != 0 || next_touch(dpre, i) != j || written_between(pre, i, j) ||
+          clashes(dpre, i, j, dh, x_dead))
+        continue;
+      gelu_partner_[i] = j;
+      gelu_fused_into_[j] = i;
+    }
+  }
+}
+
 Status CudaExecutor::set_values(TensorId t, std::span<const float> values) {
   const Tensor& tensor = plan_.graph[t];
   if (tensor.dtype != DType::f32 || static_cast<std::int64_t>(values.size()) != tensor.elements())
@@ -943,6 +1053,8 @@ Status CudaExecutor::enqueue_range(std::size_t begin, std::size_t end, bool comm
   bool joined = false;
   for (std::size_t i = begin; i < end; ++i) {
     if (i > begin && fused_with_next_[i - 1]) continue;  // ran with its crossentropy_forward
+    if (gelu_fused_into_[i] != kNoPartner && gelu_fused_into_[i] >= begin)
+      continue;  // ran in its GEMM's epilogue
     const bool profile = !op_start_.empty();
     if (profile) TL_CUDA_TRY(cudaEventRecord(op_start_[i], stream_), "profile event");
     TL_STATUS_TRY(enqueue_op(i, communicate, fused_with_next_[i] && i + 1 < end, joined));
@@ -1015,9 +1127,14 @@ Status CudaExecutor::enqueue_op(std::size_t index, bool communicate, bool fuse, 
     case OpKind::matmul_forward: {
       const auto& w = shape(op.inputs[1]);
       const std::int64_t OC = w[0], C = w[1], N = el(op.inputs[0]) / C;
+      const std::size_t j = gelu_partner_[index];
       const cublasStatus_t st =
-          matmul_->matmul_forward(B(op.outputs[0]), B(op.inputs[0]), B(op.inputs[1]),
-                                  B(opt(op.inputs, 2)), N, C, OC, stream_);
+          j != kNoPartner && j < range_end_
+              ? matmul_->matmul_forward_gelu(B(g.ops[j].outputs[0]), B(op.outputs[0]),
+                                             B(op.inputs[0]), B(op.inputs[1]), B(opt(op.inputs, 2)),
+                                             N, C, OC, stream_)
+              : matmul_->matmul_forward(B(op.outputs[0]), B(op.inputs[0]), B(op.inputs[1]),
+                                        B(opt(op.inputs, 2)), N, C, OC, stream_);
       if (st != CUBLAS_STATUS_SUCCESS)
         return make_error("cuda backend: " + where() + ": cuBLASLt status " +
                               std::to_string(static_cast<int>(st)),
@@ -1027,9 +1144,16 @@ Status CudaExecutor::enqueue_op(std::size_t index, bool communicate, bool fuse, 
     case OpKind::matmul_backward: {
       const auto& w = shape(op.inputs[2]);
       const std::int64_t OC = w[0], C = w[1], N = el(op.inputs[1]) / C;
-      const cublasStatus_t st = matmul_->matmul_backward(
-          B(op.outputs[0]), F(op.outputs[1]), F(opt(op.outputs, 2)), B(op.inputs[0]),
-          B(op.inputs[1]), B(op.inputs[2]), N, C, OC, stream_, overwrite_[index] != 0);
+      const std::size_t j = gelu_partner_[index];
+      const cublasStatus_t st =
+          j != kNoPartner && j < range_end_
+              ? matmul_->matmul_backward_dgelu(B(g.ops[j].outputs[0]), F(op.outputs[1]),
+                                               F(opt(op.outputs, 2)), B(op.inputs[0]),
+                                               B(op.inputs[1]), B(g.ops[j].inputs[1]),
+                                               B(op.inputs[2]), N, C, OC, stream_)
+              : matmul_->matmul_backward(B(op.outputs[0]), F(op.outputs[1]), F(opt(op.outputs, 2)),
+                                         B(op.inputs[0]), B(op.inputs[1]), B(op.inputs[2]), N, C,
+                                         OC, stream_, overwrite_[index] != 0);
       if (st != CUBLAS_STATUS_SUCCESS)
         return make_error("cuda backend: " + where() + ": cuBLASLt status " +
                               std::to_string(static_cast<int>(st)),

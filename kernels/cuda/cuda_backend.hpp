@@ -85,6 +85,12 @@ struct CudaExecutorOptions {
   // All the plan's AdamW ops as ONE multi-tensor launch (at the first of them; a device table of
   // the tensors built once) instead of one launch per parameter; same results bit for bit.
   bool multi_tensor_adamw = true;
+  // GELU in the GEMM epilogues (cuBLASLt GELU_AUX_BIAS forward, DGELU backward): an MLP's
+  // matmul_forward computes the GELU output with its pre-activation, and the backward GEMM of the
+  // projection after it writes the pre-activation's gradient directly; the separate gelu kernels
+  // (a read and a write of a (B,T,4C) tensor each way) are skipped. Only where the plan allows it
+  // (see fuse_gelu_pairs in cuda_backend.cu).
+  bool fuse_gelu = true;
   // op_by_op only: CUDA events around every op, read back with op_times_ms() (where the step's
   // time goes, by op).
   bool profile_ops = false;
@@ -157,6 +163,12 @@ class CudaExecutor {
   // Kernel/memset/event nodes of the captured whole-step graph (0 before the first capture).
   std::size_t graph_nodes() const { return graph_nodes_; }
   std::size_t graphs_captured() const { return graphs_.size(); }
+  // fuse_gelu: gelu ops run inside a GEMM's epilogue (forward and backward ones).
+  std::size_t gelu_ops_fused() const {
+    std::size_t n = 0;
+    for (auto j : gelu_partner_) n += j != kNoPartner ? 1 : 0;
+    return n;
+  }
   // Host time of the last launch (graph launch, or every kernel launch op by op; capture included
   // the first time), not counting the staging copies before it.
   double last_launch_host_ms() const { return last_launch_host_ms_; }
@@ -191,7 +203,12 @@ class CudaExecutor {
   std::size_t first_optimizer_op_ = 0, first_backward_op_ = 0;
   std::vector<std::uint8_t> fused_with_next_;        // crossentropy forward+backward pairs
   std::vector<std::uint8_t> skip_zero_, overwrite_;  // overwrite_first_gradient
-  std::vector<TensorId> master_of_;                  // parameter -> fp32 master copy (or kNoTensor)
+  // fuse_gelu: the gelu op run inside a GEMM op's epilogue (per op: its partner's index, or
+  // kNoPartner), and the inverse (the gelu op's GEMM op)
+  static constexpr std::size_t kNoPartner = static_cast<std::size_t>(-1);
+  std::vector<std::size_t> gelu_partner_, gelu_fused_into_;
+  void fuse_gelu_pairs();
+  std::vector<TensorId> master_of_;  // parameter -> fp32 master copy (or kNoTensor)
   Status build_multi_tensor_tables();
   // Multi-tensor tables on the device (global_norm ops: their gradients; the first adamw op: every
   // adamw op's tensors), all in one allocation made at construction with the norm's partials.

@@ -471,6 +471,9 @@ cublasStatus_t Matmul::matmul_backward_dgelu(__nv_bfloat16* dpre, float* dw, flo
                                              std::int64_t N, std::int64_t C, std::int64_t OC,
                                              cudaStream_t stream) {
   if (C % 8 != 0) return CUBLAS_STATUS_INVALID_VALUE;
+  // dW (and dbias) first: x is then read, so dpre may take x's memory (the executor's plan reuses
+  // x's buffer, dead after this op, for dpre)
+  TL_LT_CHECK(matmul_backward_dw(dw, dbias, dy, x, N, C, OC, stream));
   // dPre' (C,N) = (W' (C,OC) dY' (OC,N)) * gelu'(pre'), overwritten
   Call c;
   c.m = C;
@@ -485,8 +488,7 @@ cublasStatus_t Matmul::matmul_backward_dgelu(__nv_bfloat16* dpre, float* dw, flo
   c.d_type = CUDA_R_16BF;
   c.epilogue = CUBLASLT_EPILOGUE_DGELU;
   c.aux = pre;
-  TL_LT_CHECK(gemm(c, stream));
-  return matmul_backward_dw(dw, dbias, dy, x, N, C, OC, stream);
+  return gemm(c, stream);
 }
 
 }  // namespace topolaunch::kernels::cuda

@@ -126,7 +126,8 @@ class Matmul {
   // The backward of y = gelu(pre) @ w^T + bias with GELU's derivative fused into the dx GEMM
   // (CUBLASLT_EPILOGUE_DGELU): dpre (N,C) = (dy @ w) * gelu'(pre), OVERWRITTEN (not +=, unlike
   // matmul_backward's dx); dw (fp32) += dy^T @ gelu(pre) where x = gelu(pre) is passed in;
-  // dbias += column sums of dy (when not null). C % 8 == 0.
+  // dbias += column sums of dy (when not null). C % 8 == 0. dw is computed first, so dpre may be
+  // the same memory as x (x is dead after this call in a training step).
   cublasStatus_t matmul_backward_dgelu(__nv_bfloat16* dpre, float* dw, float* dbias,
                                        const __nv_bfloat16* dy, const __nv_bfloat16* x,
                                        const __nv_bfloat16* pre, const __nv_bfloat16* w,

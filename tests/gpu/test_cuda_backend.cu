@@ -290,6 +290,7 @@ int main(int argc, char** argv) {
   unfused.fuse_classifier = false;
   unfused.overwrite_first_gradient = false;
   unfused.multi_tensor_adamw = false;
+  unfused.fuse_gelu = false;
   auto ex3 = must(gpu::CudaExecutor::create(gpu_plan, unfused), "create unfused");
   const auto unfused_losses = train_gpu(*ex3, tokens, targets, loss_scale, adamw);
   worst = 0;
@@ -297,8 +298,12 @@ int main(int argc, char** argv) {
     worst = std::max(worst, std::fabs(unfused_losses[i] - graph_losses[i]) / graph_losses[i]);
   check(worst <= 1e-3,
         fmt("separate crossentropy forward/backward kernels, zero + accumulating gelu and "
-            "matmul dx backward, per-tensor AdamW: same losses (worst %.2e)",
+            "matmul dx backward, per-tensor AdamW, gelu kernels outside the GEMMs: same losses "
+            "(worst %.2e)",
             worst));
+  check(ex->gelu_ops_fused() > 0 && ex3->gelu_ops_fused() == 0,
+        fmt("gelu in the GEMM epilogues: %zu gelu ops fused by default, none with fuse_gelu off",
+            ex->gelu_ops_fused()));
 
   // ---- the optimizer alone: multi-tensor vs per-tensor AdamW, fixed-order norm ----
   {

@@ -7,8 +7,9 @@
 // what the process held before the executor existed) and, for the whole-step graph, its nodes;
 // and the attention implementation in use (own | cudnn), with the timings an auto choice made.
 //
-// usage: gpt2_bench [config ...]  where config = B:mode[:budget_gib][:attention], attention =
-//        auto (default) | own | cudnn; default configs
+// usage: gpt2_bench [config ...]  where config = B:mode[:budget_gib][:attention][:nogelu],
+//        attention = auto (default) | own | cudnn, nogelu = the separate gelu kernels
+//        (CudaExecutorOptions::fuse_gelu off); default configs
 //        16:graph 64:graph 8:graph 8:op_by_op 64:graph:16
 #include <cuda_runtime.h>
 
@@ -39,6 +40,7 @@ struct Config {
   bool profile = false;  // op by op with CUDA events around every op: time by op kind
   double budget_gib = 0;
   gpu::AttentionImpl attention = gpu::AttentionImpl::auto_select;
+  bool fuse_gelu = true;
 };
 
 Config parse(const std::string& s) {
@@ -51,7 +53,7 @@ Config parse(const std::string& s) {
         s.substr(a + 1, b == std::string::npos ? std::string::npos : b - a - 1);
     c.graph = mode != "op_by_op" && mode != "profile";
     c.profile = mode == "profile";
-    // the rest: [budget_gib][:attention], in either order
+    // the rest: [budget_gib][:attention][:nogelu], in any order
     std::size_t at = b;
     while (at != std::string::npos) {
       const auto next = s.find(':', at + 1);
@@ -63,6 +65,8 @@ Config parse(const std::string& s) {
         c.attention = gpu::AttentionImpl::cudnn;
       else if (f == "auto")
         c.attention = gpu::AttentionImpl::auto_select;
+      else if (f == "nogelu")
+        c.fuse_gelu = false;
       else
         c.budget_gib = std::atof(f.c_str());
       at = next;
@@ -114,6 +118,7 @@ int run(const Config& cfg) {
   opt.mode = cfg.graph ? gpu::ExecutionMode::graph : gpu::ExecutionMode::op_by_op;
   opt.profile_ops = cfg.profile;
   opt.attention = cfg.attention;
+  opt.fuse_gelu = cfg.fuse_gelu;
   auto ex_r = gpu::CudaExecutor::create(*plan, opt);
   if (!ex_r) {
     std::printf("{\"bench\":\"gpt2_train\",\"batch\":%d,\"error\":\"%s\"}\n", cfg.batch,
@@ -201,7 +206,7 @@ int run(const Config& cfg) {
       "\"grad_norm_last\":%.4f,\"timed_steps\":%d,\"attention\":{\"option\":\"%s\","
       "\"chosen\":\"%s\",\"own_fwd_ms\":%.4f,\"own_bwd_ms\":%.4f,\"cudnn_fwd_ms\":%.4f,"
       "\"cudnn_bwd_ms\":%.4f,\"cudnn_workspace_bytes\":%zu,\"cudnn_backward_ops\":%d,"
-      "\"cudnn_version\":\"%s\",\"reason\":\"%s\"}}\n",
+      "\"cudnn_version\":\"%s\",\"reason\":\"%s\"},\"fuse_gelu\":%s,\"gelu_ops_fused\":%zu}\n",
       cfg.batch, cfg.graph ? "graph" : (cfg.profile ? "profile_op_by_op" : "op_by_op"),
       cfg.budget_gib, med, p90, static_cast<double>(BT) / (med / 1e3),
       static_cast<double>(mp.arena_bytes) / kGiB,
@@ -211,7 +216,8 @@ int run(const Config& cfg) {
       ex->graph_nodes(), host_enqueue_ms, plan_s, first_step_s, loss_warm, loss, norm, kTimedSteps,
       gpu::attention_impl_name(cfg.attention), gpu::attention_impl_name(ac.chosen), ac.own_fwd_ms,
       ac.own_bwd_ms, ac.cudnn_fwd_ms, ac.cudnn_bwd_ms, ac.cudnn_workspace_bytes,
-      ac.cudnn_backward_ops, ac.cudnn_version.c_str(), reason.c_str());
+      ac.cudnn_backward_ops, ac.cudnn_version.c_str(), reason.c_str(),
+      cfg.fuse_gelu ? "true" : "false", ex->gelu_ops_fused());
   std::fflush(stdout);
   if (cfg.profile) {
     // The last step's GPU time by op kind (events around each op, launched op by op).
