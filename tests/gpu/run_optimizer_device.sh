@@ -6,6 +6,9 @@
 #   3. gpt2_bench (ours: B=64, B=16 graph replay, B=16 op-by-op profile) on GPU 0 while
 #      gpt2_torch.py (torch.compile only, B=64 then B=16) runs on GPU 1 (the same H200 model);
 #   4. PyTorch DDP + torch.compile on both GPUs when DEADLINE_S leaves room.
+# GPT2_CONFIGS: gpt2_bench's configs (default "64:graph 16:graph 16:profile"; the first graph
+# config of each batch without a budget is the one compared with PyTorch); TORCH_SYSTEMS=all:
+# PyTorch eager as well as torch.compile (default: compile only).
 # GPU phases are serialised with flock. At most 8 files in $OUT (the device tool's limit).
 # From the repository root (or a snapshot tree of it: see make_snapshot below):
 #   OUT=... DEADLINE_S=400 tests/gpu/run_optimizer_device.sh
@@ -71,10 +74,10 @@ echo "=== gpt2_bench ours (GPU 0) beside torch.compile (GPU 1) (at ${SECONDS} s)
 torch_budget=$((DEADLINE_S - SECONDS - 10))
 [ $torch_budget -le 200 ] || torch_budget=200
 flock "$LOCK" bash -c '
-  CUDA_VISIBLE_DEVICES=1 TORCH_SYSTEMS=compile PYTHONUNBUFFERED=1 timeout '"$torch_budget"' \
+  CUDA_VISIBLE_DEVICES=1 TORCH_SYSTEMS='"${TORCH_SYSTEMS:-compile}"' PYTHONUNBUFFERED=1 timeout '"$torch_budget"' \
     python3 tests/bench/kernels/gpt2_torch.py '"$OUT"'/gpt2_ours.jsonl 64 16 \
     > '"$OUT"'/gpt2_torch.jsonl 2> '"$LOGS"'/torch.err &
-  CUDA_VISIBLE_DEVICES=0 build-gpu-exec/gpt2_bench 64:graph 16:graph 16:profile \
+  CUDA_VISIBLE_DEVICES=0 build-gpu-exec/gpt2_bench '"${GPT2_CONFIGS:-64:graph 16:graph 16:profile}"' \
     > '"$OUT"'/gpt2_ours.jsonl 2> '"$LOGS"'/ours.err
   echo "gpt2_bench exit status: $?"
   wait $!; echo "gpt2_torch exit status: $?"'
