@@ -11,7 +11,12 @@
 
 namespace topolaunch::kernels::cuda {
 
-// Exit status as run_worker's: 0 done, 1 runtime failure (CUDA), 2 bad input.
+// Exit status as run_worker's: 0 done, 1 runtime failure (CUDA, NCCL, a peer rank that died or
+// stopped past the 2-minute deadline), 2 bad input (config, checkpoint of another model, torn or
+// corrupt checkpoint), 75 SIGUSR1 / 143 SIGTERM: every rank finished the same step, rank 0 wrote
+// the checkpoint (the CPU worker's file: checkpoint.hpp), so a requeued job resumes from it.
+// With WORLD_SIZE > 1, rank 0 logs each logged step's gradient all-reduce (bytes, ms, exposed ms)
+// against the plan and [budget] comm_per_step / comm_exposed_per_step.
 int train_on_gpu(const WorkerConfig& config, const Plan& plan, const Dataset& data,
                  std::ostream& out, std::ostream& err);
 
