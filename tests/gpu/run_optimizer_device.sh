@@ -56,8 +56,12 @@ tail -3 "$LOGS/build_exec.log"; tail -5 "$LOGS/build_tk.log"
   echo "=== test_cuda_kernels (GPU 1) and test_cuda_backend (GPU 0)"
   flock "$LOCK" bash -c '
     CUDA_VISIBLE_DEVICES=1 build-gpu-opt/test_cuda_kernels > '"$LOGS"'/tk.log 2>&1 &
-    CUDA_VISIBLE_DEVICES=0 build-gpu-exec/test_cuda_backend > '"$LOGS"'/tb.log 2>&1
+    CUDA_VISIBLE_DEVICES=0 build-gpu-exec/test_cuda_backend '"$LOGS"' > '"$LOGS"'/tb.log 2>&1
     echo "test_cuda_backend exit status: $?" >> '"$LOGS"'/tb.log
+    # the PyTorch reference of the same small GPT (reads gpt2_small.json the test wrote)
+    CUDA_VISIBLE_DEVICES=0 PYTHONUNBUFFERED=1 timeout 120 python3 \
+      tests/bench/kernels/gpt2_torch_reference.py '"$LOGS"' >> '"$LOGS"'/tb.log 2>&1
+    echo "gpt2_torch_reference exit status: $?" >> '"$LOGS"'/tb.log
     wait $!; echo "test_cuda_kernels exit status: $?" >> '"$LOGS"'/tk.log'
   cat "$LOGS/tk.log" "$LOGS/tb.log"
 } > "$OUT/tests.log" 2>&1
