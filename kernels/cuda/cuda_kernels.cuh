@@ -43,7 +43,10 @@ void gelu_backward(bf16* dx, const bf16* dy, const bf16* x, std::int64_t n, cuda
 void residual_forward(bf16* y, const bf16* a, const bf16* b, std::int64_t n, cudaStream_t stream);
 void residual_backward(bf16* da, bf16* db, const bf16* dy, std::int64_t n, cudaStream_t stream);
 
-// Softmax + cross-entropy over the first V of Vp logits (online softmax, one block per row).
+// Softmax + cross-entropy over the first V of Vp logits. Rows go through the staged kernel
+// (a persistent block per multiprocessor, the next rows copied into shared memory while the
+// current one is computed) when Vp % 8 == 0, the pointers are 16-byte aligned and two rows fit in
+// a block's shared memory (Vp <= ~57K on Hopper); else one block per row.
 void crossentropy_forward(float* losses, const bf16* logits, const std::int32_t* targets,
                           std::int64_t N, std::int64_t V, std::int64_t Vp, cudaStream_t stream);
 // dlogits = (softmax - onehot) * (*scale); dlogits may equal logits; padding columns get 0.
@@ -55,6 +58,24 @@ void crossentropy_backward(bf16* dlogits, const bf16* logits, const std::int32_t
 void crossentropy_forward_backward(float* losses, bf16* dlogits, const bf16* logits,
                                    const std::int32_t* targets, const float* scale, std::int64_t N,
                                    std::int64_t V, std::int64_t Vp, cudaStream_t stream);
+// The classifier kernels, for tests and benchmarks: automatic is what the functions above run;
+// row_per_block is the earlier kernel (one block of 1024 threads per row, the row in registers);
+// staged_* is the staged kernel with 1024 or 512 threads per block; staged_1024_half_exp keeps
+// exp(x - max) as fp16 between its passes (one exponential per element instead of two, the
+// gradient within an fp16 rounding of the others'). A staged kernel that cannot take the shape
+// falls back to row_per_block. losses == nullptr: no losses; dlogits == nullptr: no gradient
+// (scale is then unused). Returns the kernel that ran.
+enum class ClassifierKernel {
+  automatic,
+  row_per_block,
+  staged_1024,
+  staged_512,
+  staged_1024_half_exp
+};
+ClassifierKernel crossentropy_with(ClassifierKernel kernel, float* losses, bf16* dlogits,
+                                   const bf16* logits, const std::int32_t* targets,
+                                   const float* scale, std::int64_t N, std::int64_t V,
+                                   std::int64_t Vp, cudaStream_t stream);
 
 // *sum_sq += sum g^2 (fp32 atomics; zero it first). sqrt_in_place turns it into the norm.
 void sum_of_squares(float* sum_sq, const float* g, std::int64_t n, cudaStream_t stream);

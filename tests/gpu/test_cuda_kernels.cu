@@ -239,13 +239,35 @@ void test_elementwise(std::mt19937& rng, std::int64_t n) {
           kBf16Atol);
 }
 
-void test_classifier(std::mt19937& rng, std::int64_t N, std::int64_t V, std::int64_t Vp) {
+const char* classifier_kernel_name(gpu::ClassifierKernel k) {
+  switch (k) {
+    case gpu::ClassifierKernel::automatic:
+      return "automatic";
+    case gpu::ClassifierKernel::row_per_block:
+      return "row_per_block";
+    case gpu::ClassifierKernel::staged_1024:
+      return "staged_1024";
+    case gpu::ClassifierKernel::staged_512:
+      return "staged_512";
+    case gpu::ClassifierKernel::staged_1024_half_exp:
+      return "staged_1024_half_exp";
+  }
+  return "?";
+}
+
+// Every classifier kernel against the CPU reference: losses only, dlogits only (out of place),
+// both fused in place (dlogits overwrite the logits). `expect_staged`: the shape must take the
+// staged kernels (a silent fallback to row_per_block would leave them untested).
+void test_classifier(std::mt19937& rng, std::int64_t N, std::int64_t V, std::int64_t Vp,
+                     bool expect_staged) {
   const std::string shape =
       " N=" + std::to_string(N) + " V=" + std::to_string(V) + " Vp=" + std::to_string(Vp);
   const Vec logits = random_vec(rng, N * Vp, -6, 6, true);
   std::uniform_int_distribution<std::int32_t> tok(0, static_cast<std::int32_t>(V - 1));
   std::vector<std::int32_t> targets(N);
   for (auto& t : targets) t = tok(rng);
+  targets[0] = static_cast<std::int32_t>(V - 1);  // the last real column, inside the padded pack
+  if (N > 1) targets[1] = 0;
   const float scale = 1.0f / static_cast<float>(N);
   Vec losses(N), dlogits(N * Vp);
   cpu::crossentropy_forward(losses.data(), logits.data(), targets.data(), N, V, Vp);
@@ -257,12 +279,56 @@ void test_classifier(std::mt19937& rng, std::int64_t N, std::int64_t V, std::int
   compare("crossentropy_forward losses" + shape, download(*dloss), losses, 1e-5, 1e-6);
   gpu::crossentropy_backward(dd->p, dl->p, dt->p, dscale->p, N, V, Vp, nullptr);
   compare("crossentropy_backward dlogits" + shape, download(*dd), dlogits, kBf16Rtol, 1e-3);
-  // fused, in place (dlogits overwrite the logits)
+  const gpu::ClassifierKernel kinds[] = {
+      gpu::ClassifierKernel::row_per_block, gpu::ClassifierKernel::staged_1024,
+      gpu::ClassifierKernel::staged_512, gpu::ClassifierKernel::staged_1024_half_exp};
+  for (const gpu::ClassifierKernel kind : kinds) {
+    const std::string name = std::string(" [") + classifier_kernel_name(kind) + "]" + shape;
+    auto ran = [&](gpu::ClassifierKernel got, const char* what) {
+      ++g_checks;
+      const bool ok =
+          got == kind || (!expect_staged && got == gpu::ClassifierKernel::row_per_block);
+      if (!ok) ++g_failures;
+      std::printf("%-4s %s%s ran %s\n", ok ? "ok" : "FAIL", what, name.c_str(),
+                  classifier_kernel_name(got));
+    };
+    std::unique_ptr<Dev<bf16>> dlk(upload_bf16(logits));
+    check_cuda(cudaMemset(dloss->p, 0, N * sizeof(float)), "memset");
+    ran(gpu::crossentropy_with(kind, dloss->p, nullptr, dlk->p, dt->p, nullptr, N, V, Vp, nullptr),
+        "crossentropy losses");
+    compare("crossentropy losses" + name, download(*dloss), losses, 1e-5, 1e-6);
+    check_cuda(cudaMemset(dd->p, 0xff, N * Vp * sizeof(bf16)), "memset");  // NaN: all written
+    ran(gpu::crossentropy_with(kind, nullptr, dd->p, dlk->p, dt->p, dscale->p, N, V, Vp, nullptr),
+        "crossentropy dlogits");
+    compare("crossentropy dlogits" + name, download(*dd), dlogits, kBf16Rtol, 1e-3);
+    check_cuda(cudaMemset(dloss->p, 0, N * sizeof(float)), "memset");
+    ran(gpu::crossentropy_with(kind, dloss->p, dlk->p, dlk->p, dt->p, dscale->p, N, V, Vp, nullptr),
+        "crossentropy fused in place");
+    compare("crossentropy fused losses (in place)" + name, download(*dloss), losses, 1e-5, 1e-6);
+    compare("crossentropy fused dlogits (in place)" + name, download(*dlk), dlogits, kBf16Rtol,
+            1e-3);
+  }
+  // the public fused function, in place, captured into a CUDA graph (as the executor runs it:
+  // the staged kernel's launch sets its shared-memory limit, which must not break a capture)
   check_cuda(cudaMemset(dloss->p, 0, N * sizeof(float)), "memset");
-  gpu::crossentropy_forward_backward(dloss->p, dl->p, dl->p, dt->p, dscale->p, N, V, Vp, nullptr);
-  compare("crossentropy_forward_backward losses (in place)" + shape, download(*dloss), losses, 1e-5,
-          1e-6);
-  compare("crossentropy_forward_backward dlogits (in place)" + shape, download(*dl), dlogits,
+  {
+    cudaStream_t stream;
+    check_cuda(cudaStreamCreate(&stream), "stream");
+    cudaGraph_t graph;
+    cudaGraphExec_t exec;
+    check_cuda(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal), "capture");
+    gpu::crossentropy_forward_backward(dloss->p, dl->p, dl->p, dt->p, dscale->p, N, V, Vp, stream);
+    check_cuda(cudaStreamEndCapture(stream, &graph), "end capture (crossentropy_forward_backward)");
+    check_cuda(cudaGraphInstantiate(&exec, graph, 0), "instantiate");
+    check_cuda(cudaGraphLaunch(exec, stream), "graph launch");
+    check_cuda(cudaStreamSynchronize(stream), "graph run");
+    cudaGraphExecDestroy(exec);
+    cudaGraphDestroy(graph);
+    cudaStreamDestroy(stream);
+  }
+  compare("crossentropy_forward_backward losses (in place, graph)" + shape, download(*dloss),
+          losses, 1e-5, 1e-6);
+  compare("crossentropy_forward_backward dlogits (in place, graph)" + shape, download(*dl), dlogits,
           kBf16Rtol, 1e-3);
 }
 
@@ -703,11 +769,15 @@ int main() {
                 ok ? "ok" : "FAIL");
   }
   test_elementwise(rng, 256 * 3072);
-  test_elementwise(rng, 1001);             // scalar path (n % 8 != 0)
-  test_classifier(rng, 64, 50257, 50304);  // GPT-2: one read of the row into registers
-  test_classifier(rng, 16, 3000, 3008);    // V % 8 != 0 inside the last pack
-  test_classifier(rng, 16, 1000, 1003);    // Vp % 8 != 0: two-pass kernel
-  test_classifier(rng, 4, 70000, 70000);   // too long a row for registers: two-pass kernel
+  test_elementwise(rng, 1001);                   // scalar path (n % 8 != 0)
+  test_classifier(rng, 64, 50257, 50304, true);  // GPT-2, fewer rows than multiprocessors
+  // GPT-2 with more rows than multiprocessors, N not a multiple of the grid: rows per block
+  // differ, the stages are refilled and reused
+  test_classifier(rng, 301, 50257, 50304, true);
+  test_classifier(rng, 16, 3000, 3008, true);    // V % 8 != 0 inside the last pack
+  test_classifier(rng, 300, 7, 16, true);        // one real pack, then a padding-only pack
+  test_classifier(rng, 16, 1000, 1003, false);   // Vp % 8 != 0: two-pass kernel
+  test_classifier(rng, 4, 70000, 70000, false);  // too long a row for registers: two-pass kernel
   test_adamw(rng, 1 << 20, 0);
   test_adamw(rng, 1000003, 0);  // n % 4 != 0: the tail
   test_adamw(rng, 1000, 1);     // unaligned buffers: scalar kernels

@@ -395,6 +395,14 @@ int main(int argc, char** argv) {
            gpu::crossentropy_forward_backward(losses, logits, logits, targets, scale, N, V, Vp,
                                               stream);
          }},
+#ifndef TL_BENCH_BASELINE_API
+        // the earlier classifier kernel (one block per row), for the comparison in the same run
+        {"crossentropy_forward_backward_row_per_block", 2.0 * N * Vp * sizeof(bf16) + 8.0 * N,
+         [&] {
+           gpu::crossentropy_with(gpu::ClassifierKernel::row_per_block, losses, logits, logits,
+                                  targets, scale, N, V, Vp, stream);
+         }},
+#endif
         {"bias_backward_768", bc, [&] { gpu::bias_backward(g_bproj, dout, N, C, stream); }},
         {"bias_backward_3072", 4 * bc, [&] { gpu::bias_backward(g_bfc, dh, N, 4 * C, stream); }},
         {"sum_of_squares_124M", 4.0 * P, [&] { gpu::sum_of_squares(norm, g32, P, stream); }},
