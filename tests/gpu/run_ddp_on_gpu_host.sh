@@ -60,17 +60,28 @@ RUN_DDP=${RUN_DDP:-1}
 [ -f "$SRC/kernels/cuda/cuda_backend.cu" ] || RUN_DDP=0
 NVCC=${NVCC:-$CUDA/bin/nvcc}
 NVFLAGS=(-std=c++20 -O2 -gencode=arch=compute_90,code=sm_90 --extended-lambda "${INC[@]}")
+# cuDNN's fused attention when the frontend headers are carried (.carry-cudnn-frontend/include),
+# as in run_cuda_backend.sh; else attention_cudnn.cu builds as a stub and our attention runs
+CUDNN_FE=${CUDNN_FE:-$PWD/.carry-cudnn-frontend/include}
+CUDNN_FLAGS=(); CUDNN_LIBS=()
+if [ -f "$CUDNN_FE/cudnn_frontend.h" ]; then
+  CUDNN_FLAGS=(-DTOPOLAUNCH_WITH_CUDNN=1 -DCUDNN_FRONTEND_SKIP_JSON_LIB -isystem "$CUDNN_FE")
+  CUDNN_LIBS=(-lcudnn -lnvrtc)
+  echo "cuDNN attention: built with the frontend in $CUDNN_FE"
+else
+  echo "cuDNN attention: NOT built ($CUDNN_FE/cudnn_frontend.h absent)"
+fi
 if [ "$RUN_DDP" = 1 ]; then
   (
     t0=$SECONDS
     rm -f "$BUILD/obj/DDP_FAILED"
     throttle() { while [ "$(jobs -rp | wc -l)" -ge "${JOBS:-$(nproc)}" ]; do sleep 0.2; done; }
-    # attention_cudnn.cu: built without cuDNN here (the executor then runs our attention)
     cudnn_src=(); [ ! -f "$SRC/kernels/cuda/attention_cudnn.cu" ] || cudnn_src=(kernels/cuda/attention_cudnn.cu)
     for src in kernels/cuda/attention.cu kernels/cuda/cuda_backend.cu kernels/cuda/kernels.cu \
                kernels/cuda/matmul.cu tests/bench/kernels/ddp_gpt2_bench.cu "${cudnn_src[@]}"; do
       throttle
-      "$NVCC" "${NVFLAGS[@]}" -c "$SRC/$src" -o "$BUILD/obj/ddp_$(basename "$src").o" \
+      extra=(); [ "$src" != kernels/cuda/attention_cudnn.cu ] || extra=("${CUDNN_FLAGS[@]}")
+      "$NVCC" "${NVFLAGS[@]}" "${extra[@]}" -c "$SRC/$src" -o "$BUILD/obj/ddp_$(basename "$src").o" \
         || touch "$BUILD/obj/DDP_FAILED" &
     done
     for src in kernels/src/graph.cpp kernels/src/plan.cpp kernels/cpu/cpu_backend.cpp; do
@@ -144,7 +155,7 @@ if [ "$RUN_DDP" = 1 ]; then
   cat "$BUILD/logs/ddp_build.log" >> "$OUT/errors.log"
   tail -3 "$BUILD/logs/ddp_build.log"
   if [ $build_rc -eq 0 ] && $CXX -fopenmp -o "$BUILD/ddp_gpt2_bench" "$BUILD"/obj/ddp_*.o \
-       "${LIBS[@]}" -lcublasLt >> "$OUT/errors.log" 2>&1; then
+       "${LIBS[@]}" -lcublasLt "${CUDNN_LIBS[@]}" >> "$OUT/errors.log" 2>&1; then
     ${GPU_LOCK:+flock "$GPU_LOCK"} timeout 150 "$BUILD/ddp_gpt2_bench" --batch "${DDP_BATCH:-64}" --out "$OUT/ddp_ours.json" \
       2>&1 | tee -a "$OUT/errors.log" | grep -E "^rank|FATAL|failed"
     ddp_rc=${PIPESTATUS[0]}

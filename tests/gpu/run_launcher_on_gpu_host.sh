@@ -162,10 +162,22 @@ nv() {  # nv OBJ_NAME SOURCE [extra flags...]
 }
 # LAUNCHER_ONLY=1: the launcher alone (a check of this script on a host without GPUs).
 LAUNCHER_ONLY=${LAUNCHER_ONLY:-0}
+CUDNN_LIBS=()
 if [ "$LAUNCHER_ONLY" != 1 ]; then
-  for f in cuda_backend kernels matmul attention attention_cudnn; do  # attention_cudnn: without cuDNN
+  # cuDNN's fused attention when the frontend headers are carried (.carry-cudnn-frontend/include);
+  # else attention_cudnn.cu builds as a stub and the executor runs our attention
+  CUDNN_FE=${CUDNN_FE:-$PWD/.carry-cudnn-frontend/include}
+  CUDNN_FLAGS=()
+  if [ -f "$CUDNN_FE/cudnn_frontend.h" ]; then
+    CUDNN_FLAGS=(-DTOPOLAUNCH_WITH_CUDNN=1 -DCUDNN_FRONTEND_SKIP_JSON_LIB -isystem "$CUDNN_FE")
+    CUDNN_LIBS=(-lcudnn -lnvrtc)
+  fi
+  echo "cuDNN attention: ${CUDNN_LIBS[*]:-not built (no .carry-cudnn-frontend/include)}"
+  for f in cuda_backend kernels matmul attention; do
     [ -f "$SRC/kernels/cuda/$f.cu" ] && nv "cu_$f" "$SRC/kernels/cuda/$f.cu"
   done
+  [ -f "$SRC/kernels/cuda/attention_cudnn.cu" ] &&
+    nv cu_attention_cudnn "$SRC/kernels/cuda/attention_cudnn.cu" "${CUDNN_FLAGS[@]}"
   if [ "$BUILD_BENCH" = 1 ]; then
     nv bench_ddp_gpt2 "$BENCH_SRC/tests/bench/kernels/ddp_gpt2_bench.cu" -I"$BENCH_SRC/tests/gpu"
   fi
@@ -249,7 +261,7 @@ worker_rc=1
 if [ "$LAUNCHER_ONLY" = 1 ]; then
   echo "LAUNCHER_ONLY=1: topolaunch-worker not built"
 elif $CXX -fopenmp -o "$BUILD/bin/topolaunch-worker" $(o 'kernels_*' 'cu_*' cuda_worker nccl_communicator 'wireup_*') \
-     -L"$CUDA/lib64" -lcublasLt -lcudart -lnccl $CRYPTO $ZLIB "${LIBS[@]}" -ldl -pthread \
+     -L"$CUDA/lib64" -lcublasLt "${CUDNN_LIBS[@]}" -lcudart -lnccl $CRYPTO $ZLIB "${LIBS[@]}" -ldl -pthread \
      >> "$OUT/build.log" 2>&1; then
   worker_rc=0
 else
@@ -262,7 +274,7 @@ if [ "$BUILD_BENCH" = 1 ] && [ "$LAUNCHER_ONLY" != 1 ]; then
   ar rcs "$BUILD/obj/libbench_deps.a" $(o 'kernels_*' 'cu_*' nccl_communicator bench_nccl_env 'wireup_*' \
     | grep -v '/kernels_worker_main\.o$') >> "$OUT/build.log" 2>&1 || bench_rc=1
   if ! $CXX -fopenmp -o "$BUILD/bin/ddp_gpt2_bench" $(o bench_ddp_gpt2) "$BUILD/obj/libbench_deps.a" \
-         -L"$CUDA/lib64" -lcublasLt -lcudart -lnccl $CRYPTO $ZLIB "${LIBS[@]}" -ldl -pthread >> "$OUT/build.log" 2>&1; then
+         -L"$CUDA/lib64" -lcublasLt "${CUDNN_LIBS[@]}" -lcudart -lnccl $CRYPTO $ZLIB "${LIBS[@]}" -ldl -pthread >> "$OUT/build.log" 2>&1; then
     bench_rc=1; echo "link ddp_gpt2_bench FAILED:"; tail -20 "$OUT/build.log"
   fi
   if ! $CXX -fopenmp -o "$BUILD/bin/allreduce_bench" $(o bench_allreduce) "$BUILD/obj/libbench_deps.a" \
