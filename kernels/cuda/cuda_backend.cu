@@ -438,6 +438,18 @@ Status CudaExecutor::choose_attention() {
   cudnn_attention_ = std::move(*created);
   ch.cudnn_version = cudnn_attention_->version();
   ch.cudnn_workspace_bytes = cudnn_attention_->workspace_bytes();
+  // A memory budget is planned for the arena; cuDNN's workspace would sit outside it (beside
+  // cuBLASLt's), so under a budget auto takes cuDNN only when all three still fit in it
+  // (attention = cudnn is the user's explicit choice and is kept).
+  if (want == AttentionImpl::auto_select && plan_.memory_budget_bytes > 0) {
+    const std::size_t total =
+        plan_.memory.arena_bytes + memory().workspace_bytes + ch.cudnn_workspace_bytes;
+    if (total > plan_.memory_budget_bytes)
+      return unavailable("its " + format_bytes(ch.cudnn_workspace_bytes) +
+                         " workspace would take the arena + cuBLASLt workspace + it to " +
+                         format_bytes(total) + ", over the memory budget of " +
+                         format_bytes(plan_.memory_budget_bytes));
+  }
   if (ch.cudnn_workspace_bytes > 0 &&
       cudaMalloc(&cudnn_workspace_, ch.cudnn_workspace_bytes) != cudaSuccess) {
     cudaGetLastError();

@@ -454,6 +454,18 @@ int main(int argc, char** argv) {
       const double wa = losses_vs_cpu(train_gpu(*exa, tokens, targets, loss_scale, adamw));
       check(wa <= 1e-2,
             fmt("attention = auto: 10-step losses vs CPU worst relative %.2e <= 1e-2", wa));
+      // under a memory budget that the arena fits but not the arena + cuBLASLt's and cuDNN's
+      // workspaces, auto keeps our attention (no workspace outside the plan)
+      tk::Plan tight = gpu_plan;
+      tight.memory_budget_bytes = tight.memory.arena_bytes + 1;
+      auto exb = must(gpu::CudaExecutor::create(tight, autopick), "create auto under a budget");
+      const auto& ab = exb->attention_choice();
+      check(ab.chosen == gpu::AttentionImpl::own &&
+                ab.reason.find("memory budget") != std::string::npos &&
+                exb->memory().attention_workspace_bytes == 0,
+            "attention = auto under a memory budget only the arena fits: ours, no cuDNN "
+            "workspace (" +
+                ab.reason + ")");
     } else {
       auto refused = gpu::CudaExecutor::create(gpu_plan, cudnn);
       check(!refused && refused.error().message.find("cudnn_frontend_dir") != std::string::npos,
