@@ -163,6 +163,23 @@ TEST_CASE("baseline round trip: save from DGX H100, then each edited fixture giv
   }
 }
 
+TEST_CASE("our capture of a live 2x H200 node (topodiag with NVML on the GPU host) replays") {
+  // tests/fixtures/topology/h200x2.*: topodiag --json / --save-baseline on an nvidia-h200-x2
+  // device machine (tests/gpu/run_multi_gpu.sh, where nvidia-smi topo -m agreed on all 9 checks)
+  const std::string baseline = topolaunch::topology::diagtest::env("TOPOLAUNCH_FIXTURES_DIR") +
+                               "/topology/h200x2.baseline.json";
+  const Run r = topodiag({"--input", baseline, "--baseline", baseline, "--json"});
+  CHECK(r.status == 0);
+  CHECK(finding_codes(r.out).empty());
+  const auto doc = nlohmann::json::parse(r.out);
+  REQUIRE(doc.at("gpus").size() == 2);
+  CHECK(doc.at("gpus")[0].at("busid") == "0000:00:06.0");
+  CHECK(doc.at("gpus")[1].at("busid") == "0000:00:07.0");
+  CHECK(doc.at("gpus")[0].at("numa") == 0);
+  CHECK(doc.at("matrix").at("GPU0").at("GPU1") == "NV18");
+  CHECK(doc.at("matrix").at("GPU1").at("GPU0") == "NV18");
+}
+
 TEST_CASE("--baseline also accepts an hwloc XML") {
   const Run r = topodiag({"--input", negative("dgx-h100.nic-down.xml"), "--baseline",
                           generated("dgx-h100.full.xml"), "--json"});
