@@ -30,18 +30,7 @@ fi
 INC=(-Ikernels/include -Itopology/include -Ikernels/cpu -I"$CUDA_SRC")
 NVFLAGS=(-std=c++20 -O2 -gencode=arch=compute_90,code=sm_90 --extended-lambda "${INC[@]}")
 CXXFLAGS=(-std=c++20 -O3 -fopenmp "${INC[@]}")
-# cuDNN's fused attention (attention_cudnn.cu, the executor's attention = cudnn | auto) needs the
-# header-only cuDNN frontend carried in .carry-cudnn-frontend/include (git-ignored); without it
-# attention_cudnn.cu builds as a stub and the executor has only our attention.
-CUDNN_FE=${CUDNN_FE:-.carry-cudnn-frontend/include}
-if [ -f "$CUDNN_FE/cudnn_frontend.h" ]; then
-  CUDNN_FLAGS=(-DTOPOLAUNCH_WITH_CUDNN=1 -DCUDNN_FRONTEND_SKIP_JSON_LIB -isystem "$CUDNN_FE")
-  CUDNN_LIBS=(-lcudnn -lnvrtc)
-  echo "cuDNN attention: built with the frontend in $CUDNN_FE"
-else
-  CUDNN_FLAGS=(); CUDNN_LIBS=()
-  echo "cuDNN attention: NOT built ($CUDNN_FE/cudnn_frontend.h absent: carry .carry-cudnn-frontend)"
-fi
+source "$(dirname "${BASH_SOURCE[0]}")/cudnn_flags.sh"
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,memory.total --format=csv \
   | tee "$OUT/gpu.txt"
 "$NVCC" --version | tail -1 | tee -a "$OUT/gpu.txt"

@@ -60,17 +60,7 @@ RUN_DDP=${RUN_DDP:-1}
 [ -f "$SRC/kernels/cuda/cuda_backend.cu" ] || RUN_DDP=0
 NVCC=${NVCC:-$CUDA/bin/nvcc}
 NVFLAGS=(-std=c++20 -O2 -gencode=arch=compute_90,code=sm_90 --extended-lambda "${INC[@]}")
-# cuDNN's fused attention when the frontend headers are carried (.carry-cudnn-frontend/include),
-# as in run_cuda_backend.sh; else attention_cudnn.cu builds as a stub and our attention runs
-CUDNN_FE=${CUDNN_FE:-$PWD/.carry-cudnn-frontend/include}
-CUDNN_FLAGS=(); CUDNN_LIBS=()
-if [ -f "$CUDNN_FE/cudnn_frontend.h" ]; then
-  CUDNN_FLAGS=(-DTOPOLAUNCH_WITH_CUDNN=1 -DCUDNN_FRONTEND_SKIP_JSON_LIB -isystem "$CUDNN_FE")
-  CUDNN_LIBS=(-lcudnn -lnvrtc)
-  echo "cuDNN attention: built with the frontend in $CUDNN_FE"
-else
-  echo "cuDNN attention: NOT built ($CUDNN_FE/cudnn_frontend.h absent)"
-fi
+source "$(dirname "${BASH_SOURCE[0]}")/cudnn_flags.sh"
 if [ "$RUN_DDP" = 1 ]; then
   (
     t0=$SECONDS

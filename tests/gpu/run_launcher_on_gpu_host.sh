@@ -164,15 +164,7 @@ nv() {  # nv OBJ_NAME SOURCE [extra flags...]
 LAUNCHER_ONLY=${LAUNCHER_ONLY:-0}
 CUDNN_LIBS=()
 if [ "$LAUNCHER_ONLY" != 1 ]; then
-  # cuDNN's fused attention when the frontend headers are carried (.carry-cudnn-frontend/include);
-  # else attention_cudnn.cu builds as a stub and the executor runs our attention
-  CUDNN_FE=${CUDNN_FE:-$PWD/.carry-cudnn-frontend/include}
-  CUDNN_FLAGS=()
-  if [ -f "$CUDNN_FE/cudnn_frontend.h" ]; then
-    CUDNN_FLAGS=(-DTOPOLAUNCH_WITH_CUDNN=1 -DCUDNN_FRONTEND_SKIP_JSON_LIB -isystem "$CUDNN_FE")
-    CUDNN_LIBS=(-lcudnn -lnvrtc)
-  fi
-  echo "cuDNN attention: ${CUDNN_LIBS[*]:-not built (no .carry-cudnn-frontend/include)}"
+  source "$(dirname "${BASH_SOURCE[0]}")/cudnn_flags.sh"
   for f in cuda_backend kernels matmul attention; do
     [ -f "$SRC/kernels/cuda/$f.cu" ] && nv "cu_$f" "$SRC/kernels/cuda/$f.cu"
   done

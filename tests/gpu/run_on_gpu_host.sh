@@ -11,18 +11,7 @@ mkdir -p "$BUILD" "$OUT"
 NVCC=${NVCC:-/usr/local/cuda/bin/nvcc}
 FLAGS=(-std=c++20 -O2 -gencode=arch=compute_90,code=sm_90 --extended-lambda
        -Xcompiler=-fopenmp -Ikernels/include -Itopology/include -Ikernels/cpu -Ikernels/cuda)
-# cuDNN's fused attention (kernels/cuda/attention_cudnn.cu) needs the header-only cuDNN frontend,
-# carried to the host in .carry-cudnn-frontend/include (git-ignored); without it attention_cudnn.cu
-# builds as a stub that says so, and the cudnn checks are left out.
-CUDNN_FE=${CUDNN_FE:-.carry-cudnn-frontend/include}
-if [ -f "$CUDNN_FE/cudnn_frontend.h" ]; then
-  CUDNN_FLAGS=(-DTOPOLAUNCH_WITH_CUDNN=1 -DCUDNN_FRONTEND_SKIP_JSON_LIB -isystem "$CUDNN_FE")
-  CUDNN_LIBS=(-lcudnn -lnvrtc)
-  echo "cuDNN attention: built with the frontend in $CUDNN_FE"
-else
-  CUDNN_FLAGS=(); CUDNN_LIBS=()
-  echo "cuDNN attention: NOT built ($CUDNN_FE/cudnn_frontend.h absent: carry .carry-cudnn-frontend)"
-fi
+source "$(dirname "${BASH_SOURCE[0]}")/cudnn_flags.sh"
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm --format=csv | tee "$OUT/gpu.txt"
 "$NVCC" --version | tail -1 | tee -a "$OUT/gpu.txt"
 
