@@ -360,10 +360,9 @@ bool Matmul::use_fused_bias(const Call& plain, float* dbias, std::int64_t N, std
 }
 
 // Row-major X (N,C) is column-major X' (C,N); W (OC,C) is W' (C,OC); Y (N,OC) is Y' (OC,N).
-cublasStatus_t Matmul::matmul_forward(__nv_bfloat16* y, const __nv_bfloat16* x,
-                                      const __nv_bfloat16* w, const __nv_bfloat16* bias,
-                                      std::int64_t N, std::int64_t C, std::int64_t OC,
-                                      cudaStream_t stream) {
+Matmul::Call Matmul::forward_call(__nv_bfloat16* y, const __nv_bfloat16* x, const __nv_bfloat16* w,
+                                  const __nv_bfloat16* bias, std::int64_t N, std::int64_t C,
+                                  std::int64_t OC) {
   // Y' (OC,N) = W'^T (OC,C) X' (C,N)
   Call c;
   c.trans_a = true;
@@ -378,13 +377,12 @@ cublasStatus_t Matmul::matmul_forward(__nv_bfloat16* y, const __nv_bfloat16* x,
   c.ldd = OC;
   c.d_type = CUDA_R_16BF;
   c.bias = bias;
-  return gemm(c, stream);
+  return c;
 }
 
-cublasStatus_t Matmul::matmul_backward_dx(__nv_bfloat16* dx, const __nv_bfloat16* dy,
-                                          const __nv_bfloat16* w, std::int64_t N, std::int64_t C,
-                                          std::int64_t OC, cudaStream_t stream, bool overwrite_dx) {
-  // dX' (C,N) += W' (C,OC) dY' (OC,N)   (= when overwrite_dx)
+Matmul::Call Matmul::dx_call(__nv_bfloat16* dx, const __nv_bfloat16* dy, const __nv_bfloat16* w,
+                             std::int64_t N, std::int64_t C, std::int64_t OC, float beta) {
+  // dX' (C,N) (+)= W' (C,OC) dY' (OC,N)
   Call c;
   c.m = C;
   c.n = N;
@@ -396,8 +394,21 @@ cublasStatus_t Matmul::matmul_backward_dx(__nv_bfloat16* dx, const __nv_bfloat16
   c.d = dx;
   c.ldd = C;
   c.d_type = CUDA_R_16BF;
-  c.beta = overwrite_dx ? 0.0f : 1.0f;
-  return gemm(c, stream);
+  c.beta = beta;
+  return c;
+}
+
+cublasStatus_t Matmul::matmul_forward(__nv_bfloat16* y, const __nv_bfloat16* x,
+                                      const __nv_bfloat16* w, const __nv_bfloat16* bias,
+                                      std::int64_t N, std::int64_t C, std::int64_t OC,
+                                      cudaStream_t stream) {
+  return gemm(forward_call(y, x, w, bias, N, C, OC), stream);
+}
+
+cublasStatus_t Matmul::matmul_backward_dx(__nv_bfloat16* dx, const __nv_bfloat16* dy,
+                                          const __nv_bfloat16* w, std::int64_t N, std::int64_t C,
+                                          std::int64_t OC, cudaStream_t stream, bool overwrite_dx) {
+  return gemm(dx_call(dx, dy, w, N, C, OC, overwrite_dx ? 0.0f : 1.0f), stream);
 }
 
 cublasStatus_t Matmul::matmul_backward_dw(float* dw, float* dbias, const __nv_bfloat16* dy,
@@ -447,19 +458,7 @@ cublasStatus_t Matmul::matmul_forward_gelu(__nv_bfloat16* y, __nv_bfloat16* pre,
                                            std::int64_t C, std::int64_t OC, cudaStream_t stream) {
   if (OC % 8 != 0) return CUBLAS_STATUS_INVALID_VALUE;
   // Y' (OC,N) = gelu(W'^T X' + bias), pre-activation to pre' (OC,N)
-  Call c;
-  c.trans_a = true;
-  c.m = OC;
-  c.n = N;
-  c.k = C;
-  c.a = w;
-  c.lda = C;
-  c.b = x;
-  c.ldb = C;
-  c.d = y;
-  c.ldd = OC;
-  c.d_type = CUDA_R_16BF;
-  c.bias = bias;
+  Call c = forward_call(y, x, w, bias, N, C, OC);
   c.epilogue = CUBLASLT_EPILOGUE_GELU_AUX;
   c.aux = pre;
   return gemm(c, stream);
@@ -475,17 +474,7 @@ cublasStatus_t Matmul::matmul_backward_dgelu(__nv_bfloat16* dpre, float* dw, flo
   // x's buffer, dead after this op, for dpre)
   TL_LT_CHECK(matmul_backward_dw(dw, dbias, dy, x, N, C, OC, stream));
   // dPre' (C,N) = (W' (C,OC) dY' (OC,N)) * gelu'(pre'), overwritten
-  Call c;
-  c.m = C;
-  c.n = N;
-  c.k = OC;
-  c.a = w;
-  c.lda = C;
-  c.b = dy;
-  c.ldb = OC;
-  c.d = dpre;
-  c.ldd = C;
-  c.d_type = CUDA_R_16BF;
+  Call c = dx_call(dpre, dy, w, N, C, OC, 0.0f);
   c.epilogue = CUBLASLT_EPILOGUE_DGELU;
   c.aux = pre;
   return gemm(c, stream);

@@ -155,6 +155,13 @@ class Matmul {
     const void* aux = nullptr;
   };
   cublasStatus_t gemm(const Call& call, cudaStream_t stream);
+  // The two GEMM layouts shared by the plain and the GELU-epilogue calls (bf16 D, no epilogue):
+  // Y' (OC,N) = W'^T X' (+ bias), and dX' (C,N) = W' dY' (beta 0: overwrite; 1: accumulate).
+  static Call forward_call(__nv_bfloat16* y, const __nv_bfloat16* x, const __nv_bfloat16* w,
+                           const __nv_bfloat16* bias, std::int64_t N, std::int64_t C,
+                           std::int64_t OC);
+  static Call dx_call(__nv_bfloat16* dx, const __nv_bfloat16* dy, const __nv_bfloat16* w,
+                      std::int64_t N, std::int64_t C, std::int64_t OC, float beta);
   // The cached descriptors of call's key, built (and tuned) at its first use; null and *status
   // set when cuBLASLt has no algorithm or an error.
   Gemm* lookup(const Call& call, cudaStream_t stream, cublasStatus_t* status);
