@@ -244,7 +244,14 @@ Result<std::unique_ptr<CudaExecutor>> CudaExecutor::create(const Plan& plan,
 Status CudaExecutor::init() {
   const Graph& g = plan_.graph;
   TL_CUDA_TRY(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "stream");
-  TL_CUDA_TRY(cudaStreamCreateWithFlags(&comm_stream_, cudaStreamNonBlocking), "comm stream");
+  if (options_.comm_stream_high_priority) {
+    int least = 0, greatest = 0;
+    TL_CUDA_TRY(cudaDeviceGetStreamPriorityRange(&least, &greatest), "stream priority range");
+    TL_CUDA_TRY(cudaStreamCreateWithPriority(&comm_stream_, cudaStreamNonBlocking, greatest),
+                "comm stream");
+  } else {
+    TL_CUDA_TRY(cudaStreamCreateWithFlags(&comm_stream_, cudaStreamNonBlocking), "comm stream");
+  }
   const std::size_t bytes = std::max<std::size_t>(plan_.memory.arena_bytes, 256);
   void* arena = nullptr;
   TL_CUDA_TRY(cudaMalloc(&arena, bytes),
@@ -1063,7 +1070,10 @@ Status CudaExecutor::launch_range(std::size_t begin, std::size_t end, bool commu
   }
   TL_CUDA_TRY(ec, "end capture");
   cudaGraphExec_t exec = nullptr;
-  const cudaError_t ei = cudaGraphInstantiate(&exec, graph, 0);
+  // captured kernels keep their stream's priority only when the graph is told to use it
+  const cudaError_t ei = cudaGraphInstantiate(
+      &exec, graph,
+      options_.comm_stream_high_priority ? cudaGraphInstantiateFlagUseNodePriority : 0);
   std::size_t nodes = 0;
   cudaGraphGetNodes(graph, nullptr, &nodes);
   cudaGraphDestroy(graph);

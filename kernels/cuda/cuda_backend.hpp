@@ -91,6 +91,10 @@ struct CudaExecutorOptions {
   // (a read and a write of a (B,T,4C) tensor each way) are skipped. Only where the plan allows it
   // (see fuse_gelu_pairs in cuda_backend.cu).
   bool fuse_gelu = true;
+  // The bucket all-reduces' side stream at the device's greatest stream priority (and the step's
+  // graph instantiated to honour per-node priorities), so that NCCL's kernels get SMs ahead of
+  // the backward's blocks instead of queueing behind them.
+  bool comm_stream_high_priority = false;
   // op_by_op only: CUDA events around every op, read back with op_times_ms() (where the step's
   // time goes, by op).
   bool profile_ops = false;

@@ -16,7 +16,7 @@
 //   overlap             1 - max(0, exposed) / comm_ms
 //
 //   ddp_gpt2_bench [--world 2] [--batch 64] [--seq 1024] [--steps 20] [--bucket-mib 25]
-//                  [--timeout-s 130] [--out FILE]
+//                  [--comm-priority normal|high] [--timeout-s 130] [--out FILE]
 // --timeout-s bounds the ranks' wall time (they are killed past it); ranks use GPUs 0..world-1.
 #include <cuda_runtime.h>
 
@@ -46,6 +46,8 @@ struct Args {
   int world = 2, timeout_s = 130;
   int batch = 64, seq = 1024, steps = 20, warmup = 5;
   std::size_t bucket_mib = 25;
+  bool comm_high_priority =
+      false;  // --comm-priority high: CudaExecutorOptions::comm_stream_high_priority
   std::string out = "/dev/stdout";
   bool worker = false;
 };
@@ -100,7 +102,10 @@ int worker(const Args& a) {
   tk::Plan plan = must(tk::compile_plan(std::move(g), po), "compile_plan");
   const double plan_s = seconds_since(plan_start);
 
-  auto ex = must(gpu::CudaExecutor::create(plan, {}, comm.get()), "CudaExecutor::create");
+  gpu::CudaExecutorOptions executor_options;
+  executor_options.comm_stream_high_priority = a.comm_high_priority;
+  auto ex =
+      must(gpu::CudaExecutor::create(plan, executor_options, comm.get()), "CudaExecutor::create");
   must(ex->init_parameters(1337), "init_parameters");
   ex->set_loss_scale(1.0 / world);
 
@@ -243,13 +248,13 @@ int worker(const Args& a) {
         "\"planned_exposed_ms\": %.3f, \"loss_first\": %.4f, \"loss_last\": %.4f, "
         "\"params_identical_across_ranks\": %s, \"params_max_rel_checksum_diff\": %.3e, "
         "\"arena_bytes\": %zu, "
-        "\"device_used_bytes\": %zu}\n",
+        "\"device_used_bytes\": %zu, \"comm_stream_priority\": \"%s\"}\n",
         gpu::NcclCommunicator::nccl_version().c_str(), world, a.batch, a.seq, a.steps, plan_s,
         plan.comm.buckets.size(), plan.comm.bucket_cap_bytes, calls_per_step, bytes_per_step,
         step_ms, tok_s, tok_s / world, step_ms_no_comm, exposed, comm_median,
         span_ms[span_ms.size() / 2], overlap, plan.comm.comm_ms, plan.comm.exposed_ms, loss_first,
         loss_last, params_identical ? "true" : "false", params_max_rel_diff, mem.arena_bytes,
-        mem.used_bytes);
+        mem.used_bytes, a.comm_high_priority ? "high" : "normal");
     std::fclose(out);
   }
   ex.reset();
@@ -286,10 +291,19 @@ int main(int argc, char** argv) {
       a.bucket_mib = std::stoull(next());
     else if (s == "--out")
       a.out = next();
-    else {
+    else if (s == "--comm-priority") {
+      const std::string v = next();
+      if (v != "high" && v != "normal") {
+        std::fprintf(stderr, "ddp_gpt2_bench: --comm-priority takes high or normal, not '%s'\n",
+                     v.c_str());
+        return 2;
+      }
+      a.comm_high_priority = v == "high";
+    } else {
       std::fprintf(stderr,
                    "usage: ddp_gpt2_bench [--world 2] [--batch 64] [--seq 1024] [--steps 20] "
-                   "[--bucket-mib 25] [--timeout-s 130] [--out FILE]\n");
+                   "[--bucket-mib 25] [--comm-priority normal|high] [--timeout-s 130] "
+                   "[--out FILE]\n");
       return 2;
     }
   }
@@ -318,6 +332,8 @@ int main(int argc, char** argv) {
                                 std::to_string(a.steps),
                                 "--bucket-mib",
                                 std::to_string(a.bucket_mib),
+                                "--comm-priority",
+                                a.comm_high_priority ? "high" : "normal",
                                 "--out",
                                 tmp + ".json"};
   std::vector<t::RankProcess> ranks;
