@@ -17,57 +17,17 @@
 
 #include "attention_cudnn.cuh"
 #include "attention_variants.cuh"
+#include "bench_cuda.cuh"
 
 namespace gpu = topolaunch::kernels::cuda;
 using bf16 = __nv_bfloat16;
 
 namespace {
 
-void check(cudaError_t e, const char* what) {
-  if (e != cudaSuccess) {
-    std::fprintf(stderr, "attention_bench: %s: %s\n", what, cudaGetErrorString(e));
-    std::exit(1);
-  }
-}
-
-__global__ void fill_kernel(bf16* p, std::int64_t n, std::uint32_t seed, float scale) {
-  const std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x;
-  if (i >= n) return;
-  std::uint32_t h = static_cast<std::uint32_t>(i) * 2654435761u ^ seed;
-  h ^= h >> 15;
-  h *= 2246822519u;
-  h ^= h >> 13;
-  p[i] = __float2bfloat16((static_cast<float>(h & 0xffffff) / 16777216.0f - 0.5f) * 2 * scale);
-}
-void fill(bf16* p, std::int64_t n, std::uint32_t seed, float scale) {
-  fill_kernel<<<static_cast<unsigned>((n + 255) / 256), 256>>>(p, n, seed, scale);
-  check(cudaGetLastError(), "fill");
-}
-
-struct Timing {
-  double median_ms, min_ms;
-};
-Timing time_it(int reps, const std::function<void()>& launch) {
-  cudaEvent_t a, b;
-  check(cudaEventCreate(&a), "event");
-  check(cudaEventCreate(&b), "event");
-  for (int i = 0; i < 3; ++i) launch();  // warm-up
-  check(cudaDeviceSynchronize(), "warm-up");
-  std::vector<double> ms;
-  for (int i = 0; i < reps; ++i) {
-    check(cudaEventRecord(a), "record");
-    launch();
-    check(cudaEventRecord(b), "record");
-    check(cudaEventSynchronize(b), "sync");
-    float t = 0;
-    check(cudaEventElapsedTime(&t, a, b), "elapsed");
-    ms.push_back(t);
-  }
-  cudaEventDestroy(a);
-  cudaEventDestroy(b);
-  std::sort(ms.begin(), ms.end());
-  return {ms[ms.size() / 2], ms[0]};
-}
+using topolaunch::bench::check;
+using topolaunch::bench::fill;
+using topolaunch::bench::time_it;
+using topolaunch::bench::Timing;
 
 }  // namespace
 
@@ -114,13 +74,21 @@ int main(int argc, char** argv) {
     const double gflop_unit = 2.0 * B * NH * T * T / 2 * hs / 1e9;  // one causal matmul
     for (const auto& k : kinds) {
       const int reps = k.kind == gpu::AttentionKernel::simple ? 5 : 30;
-      const Timing f = time_it(reps, [&] {
-        check(gpu::attention_forward_with(k.kind, y, lse, qkv, B, T, C, NH, nullptr), "forward");
-      });
-      const Timing b = time_it(reps, [&] {
-        check(gpu::attention_backward_with(k.kind, dqkv, ws, dy, qkv, y, lse, B, T, C, NH, nullptr),
-              "backward");
-      });
+      const Timing f = time_it(
+          nullptr, reps,
+          [&] {
+            check(gpu::attention_forward_with(k.kind, y, lse, qkv, B, T, C, NH, nullptr),
+                  "forward");
+          },
+          3);
+      const Timing b = time_it(
+          nullptr, reps,
+          [&] {
+            check(gpu::attention_backward_with(k.kind, dqkv, ws, dy, qkv, y, lse, B, T, C, NH,
+                                               nullptr),
+                  "backward");
+          },
+          3);
       check(cudaDeviceSynchronize(), "run");
       std::printf(
           "%s\n  {\"impl\": \"%s\", \"B\": %lld, \"fwd_median_ms\": %.4f, \"fwd_min_ms\": %.4f, "
@@ -151,8 +119,10 @@ int main(int argc, char** argv) {
           std::exit(1);
         }
       };
-      const Timing f = time_it(30, [&] { must(a.forward(y, lse, qkv, cws, nullptr)); });
-      const Timing b = time_it(30, [&] { must(a.backward(dqkv, dy, qkv, y, lse, cws, nullptr)); });
+      const Timing f = time_it(
+          nullptr, 30, [&] { must(a.forward(y, lse, qkv, cws, nullptr)); }, 3);
+      const Timing b = time_it(
+          nullptr, 30, [&] { must(a.backward(dqkv, dy, qkv, y, lse, cws, nullptr)); }, 3);
       check(cudaDeviceSynchronize(), "run");
       std::printf(
           "%s\n  {\"impl\": \"cudnn\", \"B\": %lld, \"fwd_median_ms\": %.4f, \"fwd_min_ms\": "

@@ -15,6 +15,7 @@
 #include <functional>
 #include <vector>
 
+#include "bench_cuda.cuh"
 #include "cuda_kernels.cuh"
 
 namespace gpu = topolaunch::kernels::cuda;
@@ -22,45 +23,10 @@ using bf16 = __nv_bfloat16;
 
 namespace {
 
-void check(cudaError_t e, const char* what) {
-  if (e != cudaSuccess) {
-    std::fprintf(stderr, "classifier_bench: %s: %s\n", what, cudaGetErrorString(e));
-    std::exit(1);
-  }
-}
-
-__global__ void fill_kernel(bf16* p, std::int64_t n, std::uint32_t seed, float scale) {
-  const std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x;
-  if (i >= n) return;
-  std::uint32_t h = static_cast<std::uint32_t>(i) * 2654435761u ^ seed;
-  h ^= h >> 15;
-  h *= 2246822519u;
-  h ^= h >> 13;
-  p[i] = __float2bfloat16((static_cast<float>(h & 0xffffff) / 16777216.0f - 0.5f) * 2 * scale);
-}
-
-struct Timing {
-  double median_ms, min_ms;
-};
-Timing time_it(cudaStream_t stream, int reps, const std::function<void()>& launch) {
-  cudaEvent_t a, b;
-  check(cudaEventCreate(&a), "event");
-  check(cudaEventCreate(&b), "event");
-  std::vector<double> ms;
-  for (int r = 0; r < reps; ++r) {
-    check(cudaEventRecord(a, stream), "record");
-    launch();
-    check(cudaEventRecord(b, stream), "record");
-    check(cudaEventSynchronize(b), "sync");
-    float t = 0;
-    check(cudaEventElapsedTime(&t, a, b), "elapsed");
-    ms.push_back(t);
-  }
-  cudaEventDestroy(a);
-  cudaEventDestroy(b);
-  std::sort(ms.begin(), ms.end());
-  return {ms[ms.size() / 2], ms.front()};
-}
+using topolaunch::bench::check;
+using topolaunch::bench::fill;
+using topolaunch::bench::time_it;
+using topolaunch::bench::Timing;
 
 const char* kernel_name(gpu::ClassifierKernel k) {
   switch (k) {
@@ -126,8 +92,7 @@ int main(int argc, char** argv) {
     for (std::size_t ki = 0; ki < std::size(kinds); ++ki) {
       const gpu::ClassifierKernel kind = kinds[ki];
       // fresh logits for each kernel (the fused kernel overwrites them with dlogits)
-      fill_kernel<<<static_cast<unsigned>((N * Vp + 255) / 256), 256, 0, stream>>>(
-          logits, N * Vp, 7u + static_cast<std::uint32_t>(ki), 6.0f);
+      fill(logits, N * Vp, 7u + static_cast<std::uint32_t>(ki), 6.0f, stream);
       gpu::ClassifierKernel ran = kind;
       auto rep = [&] {
         for (int l = 0; l < kLaunches; ++l)

@@ -22,6 +22,7 @@
 #include <utility>
 #include <vector>
 
+#include "bench_cuda.cuh"
 #include "cuda_kernels.cuh"
 #include "matmul.cuh"
 #include "topolaunch/kernels/graph.hpp"
@@ -31,12 +32,11 @@ using bf16 = __nv_bfloat16;
 
 namespace {
 
-void check(cudaError_t e, const char* what) {
-  if (e != cudaSuccess) {
-    std::fprintf(stderr, "gpu_layer_bench: %s: %s\n", what, cudaGetErrorString(e));
-    std::exit(1);
-  }
-}
+using topolaunch::bench::check;
+using topolaunch::bench::fill;
+using topolaunch::bench::time_it;
+using topolaunch::bench::Timing;
+
 void check(cublasStatus_t s, const char* what) {
   if (s != CUBLAS_STATUS_SUCCESS) {
     std::fprintf(stderr, "gpu_layer_bench: %s: cublasLt status %d\n", what, static_cast<int>(s));
@@ -61,42 +61,6 @@ struct Arena {
     return reinterpret_cast<T*>(base + off);
   }
 };
-
-__global__ void fill_kernel(bf16* p, std::int64_t n, std::uint32_t seed, float scale) {
-  const std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x;
-  if (i >= n) return;
-  std::uint32_t h = static_cast<std::uint32_t>(i) * 2654435761u ^ seed;
-  h ^= h >> 15;
-  h *= 2246822519u;
-  h ^= h >> 13;
-  p[i] = __float2bfloat16((static_cast<float>(h & 0xffffff) / 16777216.0f - 0.5f) * 2 * scale);
-}
-void fill(bf16* p, std::int64_t n, std::uint32_t seed, float scale) {
-  fill_kernel<<<static_cast<unsigned>((n + 255) / 256), 256>>>(p, n, seed, scale);
-}
-
-struct Timing {
-  double median_ms, min_ms;
-};
-Timing time_it(cudaStream_t stream, int reps, const std::function<void()>& launch) {
-  cudaEvent_t a, b;
-  check(cudaEventCreate(&a), "event");
-  check(cudaEventCreate(&b), "event");
-  std::vector<double> ms;
-  for (int r = 0; r < reps; ++r) {
-    check(cudaEventRecord(a, stream), "record");
-    launch();
-    check(cudaEventRecord(b, stream), "record");
-    check(cudaEventSynchronize(b), "sync");
-    float t = 0;
-    check(cudaEventElapsedTime(&t, a, b), "elapsed");
-    ms.push_back(t);
-  }
-  cudaEventDestroy(a);
-  cudaEventDestroy(b);
-  std::sort(ms.begin(), ms.end());
-  return {ms[ms.size() / 2], ms.front()};
-}
 
 // Times `step` eagerly and as a captured graph; prints a JSON member.
 void bench(const char* name, cudaStream_t stream, const std::function<void()>& step, int reps,
