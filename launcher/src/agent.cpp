@@ -46,6 +46,12 @@ extern char** environ;
 namespace topolaunch::launcher {
 namespace {
 
+// Wall-clock seconds since the epoch: failures are ordered across nodes by it (NTP keeps a
+// cluster's clocks far closer than a failure and the teardown it causes).
+double unix_now_s() {
+  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+}
+
 namespace fs = std::filesystem;
 using Clock = std::chrono::steady_clock;
 using namespace std::chrono_literals;
@@ -470,7 +476,7 @@ class AttemptRunner {
   void fail(Worker& w, const std::string& what, int, int) {
     if (w.outcome.cause.empty()) w.outcome.cause = "root cause";
     if (!first_failure_) {
-      first_failure_ = RootCause{attempt_, w.rank, job_.node_name, what, ""};
+      first_failure_ = RootCause{attempt_, w.rank, job_.node_name, what, "", unix_now_s()};
     }
     if (stop_ == StopKind::none) {
       stop_ = StopKind::failure;
@@ -756,7 +762,7 @@ PreflightStageOutcome preflight_stage(const Job& job, wireup::KvStore* store) {
 }
 
 RootCause preflight_root_cause(const Job& job, int attempt, const PreflightStageOutcome& outcome) {
-  return RootCause{attempt, -1, job.node_name, outcome.line, "preflight"};
+  return RootCause{attempt, -1, job.node_name, outcome.line, "preflight", unix_now_s()};
 }
 
 // Blocks the handled signals for the agent's lifetime (threads started later inherit the mask)
@@ -975,6 +981,11 @@ int run_slurm(Job& job, int nodes, int signal_fd) {
     std::optional<RootCause> cause;
     std::string agent_outcome;
     int preflight_exit = 0;  // an agent's [rdma] preflight stopped the job: 2 bad input, 1 fabric
+    // every failed agent's first failure: the root cause is the earliest (node order is not time
+    // order: the step's teardown kills workers on other nodes, which report that as theirs)
+    std::vector<RootCause> failures;
+    std::vector<int> failure_exit;
+    std::vector<std::string> failure_preflight;
     for (int node = 0; node < nodes; ++node) {
       std::ifstream in(job.job_dir / fmt::format("attempt-{}", attempt) /
                        fmt::format("node-{}.json", node));
@@ -987,15 +998,21 @@ int run_slurm(Job& job, int nodes, int signal_fd) {
       merged.ranks.insert(merged.ranks.end(), a.ranks.begin(), a.ranks.end());
       if (report.agent_wireup.empty()) report.agent_wireup = fragment->agent_wireup;
       if (attempt == 0 && node == 0) report.preflight = fragment->preflight;
-      if (fragment->root_cause && a.outcome == "failed" && !cause) {
-        cause = fragment->root_cause;
-        if (cause->phase == "preflight") {
-          preflight_exit = fragment->exit_code;
-          report.preflight = fragment->preflight;
-        }
+      if (fragment->root_cause && a.outcome == "failed") {
+        failures.push_back(*fragment->root_cause);
+        failure_exit.push_back(fragment->exit_code);
+        failure_preflight.push_back(fragment->preflight);
       }
       // Agents signalled by Slurm directly (scancel --signal=USR1 JOBID, step teardown).
       if (a.outcome == "requeue" || a.outcome == "stopped") agent_outcome = a.outcome;
+    }
+    if (!failures.empty()) {
+      const std::size_t first = earliest_root_cause(failures);
+      cause = failures[first];
+      if (cause->phase == "preflight") {
+        preflight_exit = failure_exit[first];
+        report.preflight = failure_preflight[first];
+      }
     }
     std::sort(merged.ranks.begin(), merged.ranks.end(),
               [](const RankOutcome& a, const RankOutcome& b) { return a.rank < b.rank; });
@@ -1008,11 +1025,14 @@ int run_slurm(Job& job, int nodes, int signal_fd) {
     if (merged.outcome == "stopped" && stop_signal == 0) stop_signal = SIGTERM;
     if (merged.outcome == "failed" && !cause) {
       cause =
-          RootCause{attempt, -1, "",
+          RootCause{attempt,
+                    -1,
+                    "",
                     fmt::format("srun {} before any agent reported a failure",
                                 describe_wait_status(WIFEXITED(status) ? WEXITSTATUS(status) : -1,
                                                      WIFSIGNALED(status) ? WTERMSIG(status) : 0)),
-                    ""};
+                    "",
+                    unix_now_s()};
     }
     if (cause && !report.root_cause) report.root_cause = cause;
     report.attempts.push_back(merged);

@@ -20,6 +20,15 @@ std::string describe_wait_status(int exit_code, int signal) {
   return fmt::format("exited {}", exit_code);
 }
 
+std::size_t earliest_root_cause(const std::vector<RootCause>& causes) {
+  std::size_t best = 0;
+  for (std::size_t i = 1; i < causes.size(); ++i) {
+    const double t = causes[i].at_unix_s, b = causes[best].at_unix_s;
+    if (t > 0 && (b <= 0 || t < b)) best = i;
+  }
+  return best;
+}
+
 std::string to_json(const JobReport& r) {
   nlohmann::json j;
   j["job"] = r.job_name;
@@ -33,11 +42,9 @@ std::string to_json(const JobReport& r) {
   j["wireup"] = {{"agents", r.agent_wireup}, {"workers", "tcp"}};
   j["preflight"] = r.preflight;
   if (r.root_cause) {
-    j["root_cause"] = {{"attempt", r.root_cause->attempt},
-                       {"rank", r.root_cause->rank},
-                       {"node", r.root_cause->node},
-                       {"what", r.root_cause->what},
-                       {"phase", r.root_cause->phase}};
+    j["root_cause"] = {{"attempt", r.root_cause->attempt}, {"rank", r.root_cause->rank},
+                       {"node", r.root_cause->node},       {"what", r.root_cause->what},
+                       {"phase", r.root_cause->phase},     {"at_unix_s", r.root_cause->at_unix_s}};
   } else {
     j["root_cause"] = nullptr;
   }
@@ -84,8 +91,9 @@ std::optional<JobReport> report_from_json(const std::string& text) {
   r.preflight = j.value("preflight", "");
   if (j.contains("root_cause") && j["root_cause"].is_object()) {
     const auto& c = j["root_cause"];
-    r.root_cause = RootCause{c.value("attempt", -1), c.value("rank", -1), c.value("node", ""),
-                             c.value("what", ""), c.value("phase", "")};
+    r.root_cause =
+        RootCause{c.value("attempt", -1), c.value("rank", -1),  c.value("node", ""),
+                  c.value("what", ""),    c.value("phase", ""), c.value("at_unix_s", 0.0)};
   }
   for (const auto& ja : j.value("attempts", nlohmann::json::array())) {
     AttemptReport a;

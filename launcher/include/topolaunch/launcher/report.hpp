@@ -40,7 +40,15 @@ struct RootCause {
   std::string node;
   std::string what;   // one line: "exited with status 3", "killed by SIGKILL", ...
   std::string phase;  // "" = while workers ran; "preflight" = [rdma] preflight stopped the job
+  // When the agent saw it (seconds since the epoch; 0 = unknown): orders the agents' first
+  // failures across nodes, so that a consequence (a worker killed by the step's teardown on
+  // another node) is not taken for the cause.
+  double at_unix_s = 0;
 };
+
+// Of the agents' first failures, the index of the one seen first (by at_unix_s; a failure with a
+// time wins over one without; ties and unknown times keep the list's order). causes not empty.
+std::size_t earliest_root_cause(const std::vector<RootCause>& causes);
 
 struct JobReport {
   std::string job_name;
