@@ -6,7 +6,6 @@ using namespace topolaunch::launcher;
 
 TEST_CASE("root cause: at_unix_s survives the report's JSON round trip") {
   JobReport r;
-  r.job_name = "j";
   r.root_cause = RootCause{0, 5, "n3", "killed by SIGKILL", "", 1764460000.125};
   const auto back = report_from_json(to_json(r));
   REQUIRE(back);
