@@ -24,18 +24,6 @@ namespace topolaunch::kernels::cuda {
 constexpr AttentionKernel kDefaultForwardKernel = AttentionKernel::tensor_core_w32;
 constexpr AttentionKernel kDefaultBackwardKernel = AttentionKernel::tensor_core;
 
-std::size_t attention_backward_workspace_bytes_with(AttentionKernel kind, std::int64_t B,
-                                                    std::int64_t T, std::int64_t C,
-                                                    std::int64_t NH);
-cudaError_t attention_forward_with(AttentionKernel kind, __nv_bfloat16* y, float* lse,
-                                   const __nv_bfloat16* qkv, std::int64_t B, std::int64_t T,
-                                   std::int64_t C, std::int64_t NH, cudaStream_t stream);
-cudaError_t attention_backward_with(AttentionKernel kind, __nv_bfloat16* dqkv, void* workspace,
-                                    const __nv_bfloat16* dy, const __nv_bfloat16* qkv,
-                                    const __nv_bfloat16* y, const float* lse, std::int64_t B,
-                                    std::int64_t T, std::int64_t C, std::int64_t NH,
-                                    cudaStream_t stream);
-
 namespace {
 
 using bf16 = __nv_bfloat16;

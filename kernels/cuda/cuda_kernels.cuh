@@ -72,6 +72,7 @@ enum class ClassifierKernel {
   staged_512,
   staged_1024_half_exp
 };
+const char* classifier_kernel_name(ClassifierKernel kernel);  // "staged_1024", ...
 ClassifierKernel crossentropy_with(ClassifierKernel kernel, float* losses, bf16* dlogits,
                                    const bf16* logits, const std::int32_t* targets,
                                    const float* scale, std::int64_t N, std::int64_t V,

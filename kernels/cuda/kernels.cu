@@ -1413,6 +1413,22 @@ ClassifierKernel crossentropy_dispatch(ClassifierKernel kernel, float* losses, b
 }
 }  // namespace
 
+const char* classifier_kernel_name(ClassifierKernel kernel) {
+  switch (kernel) {
+    case ClassifierKernel::automatic:
+      return "automatic";
+    case ClassifierKernel::row_per_block:
+      return "row_per_block";
+    case ClassifierKernel::staged_1024:
+      return "staged_1024";
+    case ClassifierKernel::staged_512:
+      return "staged_512";
+    case ClassifierKernel::staged_1024_half_exp:
+      return "staged_1024_half_exp";
+  }
+  return "?";
+}
+
 ClassifierKernel crossentropy_with(ClassifierKernel kernel, float* losses, bf16* dlogits,
                                    const bf16* logits, const std::int32_t* targets,
                                    const float* scale, std::int64_t N, std::int64_t V,

@@ -239,22 +239,6 @@ void test_elementwise(std::mt19937& rng, std::int64_t n) {
           kBf16Atol);
 }
 
-const char* classifier_kernel_name(gpu::ClassifierKernel k) {
-  switch (k) {
-    case gpu::ClassifierKernel::automatic:
-      return "automatic";
-    case gpu::ClassifierKernel::row_per_block:
-      return "row_per_block";
-    case gpu::ClassifierKernel::staged_1024:
-      return "staged_1024";
-    case gpu::ClassifierKernel::staged_512:
-      return "staged_512";
-    case gpu::ClassifierKernel::staged_1024_half_exp:
-      return "staged_1024_half_exp";
-  }
-  return "?";
-}
-
 // Every classifier kernel against the CPU reference: losses only, dlogits only (out of place),
 // both fused in place (dlogits overwrite the logits). `expect_staged`: the shape must take the
 // staged kernels (a silent fallback to row_per_block would leave them untested).
@@ -283,14 +267,14 @@ void test_classifier(std::mt19937& rng, std::int64_t N, std::int64_t V, std::int
       gpu::ClassifierKernel::row_per_block, gpu::ClassifierKernel::staged_1024,
       gpu::ClassifierKernel::staged_512, gpu::ClassifierKernel::staged_1024_half_exp};
   for (const gpu::ClassifierKernel kind : kinds) {
-    const std::string name = std::string(" [") + classifier_kernel_name(kind) + "]" + shape;
+    const std::string name = std::string(" [") + gpu::classifier_kernel_name(kind) + "]" + shape;
     auto ran = [&](gpu::ClassifierKernel got, const char* what) {
       ++g_checks;
       const bool ok =
           got == kind || (!expect_staged && got == gpu::ClassifierKernel::row_per_block);
       if (!ok) ++g_failures;
       std::printf("%-4s %s%s ran %s\n", ok ? "ok" : "FAIL", what, name.c_str(),
-                  classifier_kernel_name(got));
+                  gpu::classifier_kernel_name(got));
     };
     std::unique_ptr<Dev<bf16>> dlk(upload_bf16(logits));
     check_cuda(cudaMemset(dloss->p, 0, N * sizeof(float)), "memset");

@@ -28,22 +28,6 @@ using topolaunch::bench::fill;
 using topolaunch::bench::time_it;
 using topolaunch::bench::Timing;
 
-const char* kernel_name(gpu::ClassifierKernel k) {
-  switch (k) {
-    case gpu::ClassifierKernel::automatic:
-      return "automatic";
-    case gpu::ClassifierKernel::row_per_block:
-      return "row_per_block";
-    case gpu::ClassifierKernel::staged_1024:
-      return "staged_1024";
-    case gpu::ClassifierKernel::staged_512:
-      return "staged_512";
-    case gpu::ClassifierKernel::staged_1024_half_exp:
-      return "staged_1024_half_exp";
-  }
-  return "?";
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -100,7 +84,7 @@ int main(int argc, char** argv) {
                                        stream);
       };
       rep();  // warm-up
-      check(cudaStreamSynchronize(stream), kernel_name(kind));
+      check(cudaStreamSynchronize(stream), gpu::classifier_kernel_name(kind));
       const Timing eager = time_it(stream, kReps, rep);
       cudaGraph_t graph;
       cudaGraphExec_t exec;
@@ -114,13 +98,13 @@ int main(int argc, char** argv) {
           time_it(stream, kReps, [&] { check(cudaGraphLaunch(exec, stream), "graph launch"); });
       cudaGraphExecDestroy(exec);
       cudaGraphDestroy(graph);
-      check(cudaGetLastError(), kernel_name(kind));
+      check(cudaGetLastError(), gpu::classifier_kernel_name(kind));
       const double ms = eager.median_ms / kLaunches, gms = graphed.median_ms / kLaunches;
       std::printf(
           "%s\n      \"%s\": {\"ran\": \"%s\", \"median_ms\": %.5f, \"min_ms\": %.5f, "
           "\"GB_per_s\": %.1f, \"graph_median_ms\": %.5f, \"graph_GB_per_s\": %.1f}",
-          ki == 0 ? "" : ",", kernel_name(kind), kernel_name(ran), ms, eager.min_ms / kLaunches,
-          bytes / (ms * 1e-3) / 1e9, gms, bytes / (gms * 1e-3) / 1e9);
+          ki == 0 ? "" : ",", gpu::classifier_kernel_name(kind), gpu::classifier_kernel_name(ran),
+          ms, eager.min_ms / kLaunches, bytes / (ms * 1e-3) / 1e9, gms, bytes / (gms * 1e-3) / 1e9);
       std::fflush(stdout);
     }
     std::printf("}}");
