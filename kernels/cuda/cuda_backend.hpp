@@ -22,9 +22,9 @@
 #include <tuple>
 #include <vector>
 
+#include "topolaunch/common/result.hpp"
 #include "topolaunch/kernels/cpu_backend.hpp"  // AdamWSettings
 #include "topolaunch/kernels/plan.hpp"
-#include "topolaunch/topology/result.hpp"
 
 namespace topolaunch::kernels::cuda {
 

@@ -9,7 +9,7 @@
 #include <optional>
 #include <string>
 
-#include "topolaunch/topology/result.hpp"
+#include "topolaunch/common/result.hpp"
 
 namespace topolaunch::kernels::cuda {
 

@@ -27,7 +27,7 @@
 #include <string>
 #include <vector>
 
-#include "topolaunch/topology/result.hpp"
+#include "topolaunch/common/result.hpp"
 #include "topolaunch/wireup/kv_store.hpp"
 
 // The executor's interface (GpuCommunicator) when the backend is in the tree; the class is usable

@@ -4,8 +4,12 @@
 
 #include <toml++/toml.h>
 #include <cmath>
+#include <fstream>
 #include <set>
 #include <sstream>
+
+#include "topolaunch/common/isolated.hpp"
+#include "topolaunch/jobspec/toml_guard.hpp"
 
 namespace topolaunch::kernels {
 
@@ -163,14 +167,32 @@ Result<double> parse_duration_ms(const std::string& text) {
 
 Result<WorkerConfig> load_worker_config(const std::string& path,
                                         const std::vector<std::string>& overrides) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return make_error(path + ": cannot read the job file (check the path)");
+  std::ostringstream buffer;
+  buffer << in.rdbuf();
+  const std::string text = buffer.str();
+  if (Status guarded = jobspec::check_toml_text(text, path); !guarded) return guarded.error();
+  auto parse = [&](toml::table& out) -> Status {
+    try {
+      out = toml::parse(text, path);
+    } catch (const toml::parse_error& e) {
+      const auto& src = e.source();
+      return make_error(path + ":" + std::to_string(src.begin.line) + ":" +
+                        std::to_string(src.begin.column) + ": " + std::string(e.description()));
+    }
+    return ok_status();
+  };
+  // A crash probe first (common/isolated.hpp): a TOML library defect becomes one error line.
+  const Status probed = run_isolated(
+      [&] {
+        toml::table scratch;
+        return parse(scratch);
+      },
+      IsolationLimits{}, path);
+  if (!probed) return probed.error();
   toml::table root;
-  try {
-    root = toml::parse_file(path);
-  } catch (const toml::parse_error& e) {
-    const auto& src = e.source();
-    return make_error(path + ":" + std::to_string(src.begin.line) + ":" +
-                      std::to_string(src.begin.column) + ": " + std::string(e.description()));
-  }
+  if (Status parsed = parse(root); !parsed) return parsed.error();
   for (const auto& o : overrides)
     if (auto s = apply_override(root, o); !s) return s.error();
   WorkerConfig c;

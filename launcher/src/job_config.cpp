@@ -18,6 +18,8 @@
 #include <set>
 #include <sstream>
 
+#include "topolaunch/common/isolated.hpp"
+#include "topolaunch/jobspec/toml_guard.hpp"
 #include "topolaunch/launcher/job_config.hpp"
 #include "topolaunch/launcher/units.hpp"
 
@@ -529,6 +531,7 @@ std::string serialize_table(const toml::table& t) {
 }  // namespace
 
 Result<JobConfig> parse_job_config(std::string_view toml_text, const std::string& path) {
+  if (Status guarded = jobspec::check_toml_text(toml_text, path); !guarded) return guarded.error();
   toml::parse_result parsed = toml::parse(toml_text, path);
   if (!parsed) {
     const toml::parse_error& e = parsed.error();
@@ -557,13 +560,26 @@ Result<JobConfig> parse_job_config(std::string_view toml_text, const std::string
   return config;
 }
 
+Result<JobConfig> parse_job_config_isolated(std::string_view toml_text, const std::string& path,
+                                            const IsolationLimits& limits) {
+  const Status probed = run_isolated(
+      [&]() -> Status {
+        auto config = parse_job_config(toml_text, path);
+        if (!config) return config.error();
+        return ok_status();
+      },
+      limits, path);
+  if (!probed) return probed.error();
+  return parse_job_config(toml_text, path);
+}
+
 Result<JobConfig> load_job_config(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   if (!in) return make_error(fmt::format("{}: cannot read the job config (check the path)", path));
   std::ostringstream text;
   text << in.rdbuf();
   if (in.bad()) return make_error(fmt::format("{}: cannot read the job config", path));
-  return parse_job_config(text.str(), path);
+  return parse_job_config_isolated(text.str(), path);
 }
 
 std::string_view to_string(PreflightMode mode) {

@@ -8,8 +8,8 @@
 #include <string>
 #include <vector>
 
+#include "topolaunch/common/result.hpp"
 #include "topolaunch/topology/cpuset.hpp"
-#include "topolaunch/topology/result.hpp"
 
 namespace topolaunch::launcher {
 

@@ -7,7 +7,7 @@
 #include <memory>
 #include <string>
 
-#include "topolaunch/topology/result.hpp"
+#include "topolaunch/common/result.hpp"
 
 namespace topolaunch::rdma::detail {
 

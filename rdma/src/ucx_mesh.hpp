@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-#include "topolaunch/topology/result.hpp"
+#include "topolaunch/common/result.hpp"
 #include "topolaunch/wireup/kv_store.hpp"
 #include "ucx_context.hpp"
 

@@ -11,11 +11,11 @@
 #include <string>
 #include <vector>
 
+#include "topolaunch/common/result.hpp"
 #include "topolaunch/topology/cpuset.hpp"
 #include "topolaunch/topology/mapping_spec.hpp"
 #include "topolaunch/topology/model.hpp"
 #include "topolaunch/topology/rankmap.hpp"
-#include "topolaunch/topology/result.hpp"
 
 namespace topolaunch::spank {
 

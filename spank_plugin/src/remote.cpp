@@ -6,6 +6,7 @@
 #include <fmt/format.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <cstring>
 #include <memory>
 #include <vector>
@@ -133,7 +134,13 @@ Result<topology::MappingSpec> mapping_spec(spank_t sp, const PluginState& s) {
     if (!user) return user.error();
     auto text = read_file_as_user(*s.options.config_path, *user);
     if (!text) return make_error(fmt::format("--topolaunch-config={}", text.error().message));
-    auto config = launcher::parse_job_config(*text, *s.options.config_path);
+    // Parsed first in a child with the user's identity and limits: a defect of the TOML
+    // library must not take slurmstepd (root) down with it.
+    IsolationLimits limits;
+    limits.uid = user->uid;
+    limits.gid = user->gid;
+    limits.wall = std::chrono::seconds(5);
+    auto config = launcher::parse_job_config_isolated(*text, *s.options.config_path, limits);
     if (!config) return config.error();
     spec = config->mapping;
   }

@@ -10,8 +10,8 @@
 #include <string_view>
 #include <vector>
 
+#include "topolaunch/common/result.hpp"
 #include "topolaunch/topology/discover.hpp"
-#include "topolaunch/topology/result.hpp"
 
 namespace topolaunch::spank {
 

@@ -3,8 +3,8 @@
 
 #include <string>
 
+#include "topolaunch/common/result.hpp"
 #include "topolaunch/topology/cpuset.hpp"
-#include "topolaunch/topology/result.hpp"
 
 namespace topolaunch::spank {
 

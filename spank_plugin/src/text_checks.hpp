@@ -5,9 +5,9 @@
 #include <string_view>
 
 #include "site_config.hpp"
+#include "topolaunch/common/result.hpp"
 #include "topolaunch/topology/discover.hpp"
 #include "topolaunch/topology/mapping_spec.hpp"
-#include "topolaunch/topology/result.hpp"
 
 namespace topolaunch::spank {
 

@@ -7,7 +7,7 @@
 #include <string>
 #include <vector>
 
-#include "topolaunch/topology/result.hpp"
+#include "topolaunch/common/result.hpp"
 
 namespace topolaunch::spank {
 

@@ -312,6 +312,18 @@ class Suite:
             ["srun", "-N1", "-n1", "--topolaunch=auto", "--topolaunch-config=" + bad, "true"],
             r"topolaunch.*bad\.toml:2")
 
+    def test_toml_crash_inputs(self):
+        """Table headers that abort toml++ 3.3 fail the step with one line; slurmstepd lives."""
+        for i, header in enumerate(["[+]", "[*]", "[.]", "[[["]):
+            bad = self.cluster.write_job_file("crash%d.toml" % i, header + "\n")
+            t0 = time.monotonic()
+            line = self.expect_step_failure(
+                ["srun", "-N1", "-n1", "--topolaunch=auto", "--topolaunch-config=" + bad, "true"],
+                r"topolaunch.*crash%d\.toml:1:\d+: TOML syntax error" % i)
+            check(time.monotonic() - t0 < 30, "srun took %.1f s for %s" % (
+                time.monotonic() - t0, header))
+            check("table name must start" in line, "unexpected reason: " + line)
+
     def test_mixed_nodes(self):
         """One job over n1..n4 (three node types): a valid map on every node."""
         prefix = "mixed"

@@ -15,8 +15,8 @@
 #include <string>
 #include <vector>
 
+#include "topolaunch/common/result.hpp"
 #include "topolaunch/kernels/cpu_backend.hpp"
-#include "topolaunch/topology/result.hpp"
 
 namespace topolaunch::kernels {
 

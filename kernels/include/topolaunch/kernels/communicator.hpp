@@ -8,7 +8,7 @@
 #include <span>
 #include <string>
 
-#include "topolaunch/topology/result.hpp"
+#include "topolaunch/common/result.hpp"
 
 namespace topolaunch::kernels {
 

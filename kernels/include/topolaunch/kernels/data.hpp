@@ -6,8 +6,8 @@
 #include <string>
 #include <vector>
 
+#include "topolaunch/common/result.hpp"
 #include "topolaunch/kernels/job.hpp"
-#include "topolaunch/topology/result.hpp"
 
 namespace topolaunch::kernels {
 

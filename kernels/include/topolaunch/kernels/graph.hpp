@@ -11,7 +11,7 @@
 #include <string_view>
 #include <vector>
 
-#include "topolaunch/topology/result.hpp"
+#include "topolaunch/common/result.hpp"
 
 namespace topolaunch::kernels {
 

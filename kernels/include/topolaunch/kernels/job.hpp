@@ -7,9 +7,9 @@
 #include <string>
 #include <vector>
 
+#include "topolaunch/common/result.hpp"
 #include "topolaunch/kernels/cpu_backend.hpp"
 #include "topolaunch/kernels/graph.hpp"
-#include "topolaunch/topology/result.hpp"
 
 namespace topolaunch::kernels {
 

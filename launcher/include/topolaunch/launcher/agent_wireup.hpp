@@ -14,8 +14,8 @@
 #include <string_view>
 #include <vector>
 
+#include "topolaunch/common/result.hpp"
 #include "topolaunch/launcher/job_config.hpp"
-#include "topolaunch/topology/result.hpp"
 #include "topolaunch/wireup/kv_store.hpp"
 
 namespace topolaunch::launcher {

@@ -9,7 +9,7 @@
 #include <string>
 #include <string_view>
 
-#include "topolaunch/topology/result.hpp"
+#include "topolaunch/common/result.hpp"
 
 namespace topolaunch::launcher {
 

@@ -12,7 +12,7 @@
 #include <utility>
 #include <vector>
 
-#include "topolaunch/topology/result.hpp"
+#include "topolaunch/common/result.hpp"
 #include "topolaunch/wireup/kv_store.hpp"
 
 namespace topolaunch::rdma {

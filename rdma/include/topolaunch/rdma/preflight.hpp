@@ -13,10 +13,10 @@
 #include <string>
 #include <vector>
 
+#include "topolaunch/common/result.hpp"
 #include "topolaunch/rdma/endpoint.hpp"
 #include "topolaunch/rdma/probe.hpp"
 #include "topolaunch/rdma/select.hpp"
-#include "topolaunch/topology/result.hpp"
 #include "topolaunch/wireup/kv_store.hpp"
 
 namespace topolaunch::rdma {

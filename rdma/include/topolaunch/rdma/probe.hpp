@@ -7,8 +7,8 @@
 #include <string>
 #include <vector>
 
+#include "topolaunch/common/result.hpp"
 #include "topolaunch/topology/model.hpp"
-#include "topolaunch/topology/result.hpp"
 
 namespace topolaunch::rdma {
 

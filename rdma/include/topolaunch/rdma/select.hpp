@@ -7,10 +7,10 @@
 #include <string>
 #include <vector>
 
+#include "topolaunch/common/result.hpp"
 #include "topolaunch/rdma/probe.hpp"
 #include "topolaunch/topology/model.hpp"
 #include "topolaunch/topology/relation.hpp"
-#include "topolaunch/topology/result.hpp"
 
 namespace topolaunch::rdma {
 

@@ -7,7 +7,7 @@
 #include <memory>
 #include <string>
 
-#include "topolaunch/topology/result.hpp"
+#include "topolaunch/common/result.hpp"
 #include "topolaunch/wireup/kv_store.hpp"
 
 namespace topolaunch::rdma {

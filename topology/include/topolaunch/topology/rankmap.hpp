@@ -12,10 +12,10 @@
 #include <utility>
 #include <vector>
 
+#include "topolaunch/common/result.hpp"
 #include "topolaunch/topology/cpuset.hpp"
 #include "topolaunch/topology/mapping_spec.hpp"
 #include "topolaunch/topology/model.hpp"
-#include "topolaunch/topology/result.hpp"
 #include "topolaunch/topology/switch_tree.hpp"
 
 namespace topolaunch::topology {

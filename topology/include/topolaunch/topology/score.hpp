@@ -14,9 +14,9 @@
 #include <string>
 #include <vector>
 
+#include "topolaunch/common/result.hpp"
 #include "topolaunch/topology/mapping_spec.hpp"
 #include "topolaunch/topology/rankmap.hpp"
-#include "topolaunch/topology/result.hpp"
 #include "topolaunch/topology/switch_tree.hpp"
 
 namespace topolaunch::topology {

@@ -3,8 +3,8 @@
 
 #include <string>
 
+#include "topolaunch/common/result.hpp"
 #include "topolaunch/topology/model.hpp"
-#include "topolaunch/topology/result.hpp"
 
 namespace topolaunch::topology {
 
