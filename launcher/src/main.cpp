@@ -4,8 +4,10 @@
 #include <exception>
 
 #include "commands.hpp"
+#include "topolaunch/topology/discover.hpp"
 
 int main(int argc, char** argv) {
+  topolaunch::topology::prefer_minimal_xml_importer();
   CLI::App app{"topolaunch: start GPU training jobs the way the hardware wants them started"};
   app.require_subcommand(1);
   int exit_code = 0;

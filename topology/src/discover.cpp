@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <map>
@@ -612,6 +613,19 @@ Status check_xml_text(const std::string& xml, const std::string& name) {
   if (!text.ends_with("</topology>")) {
     return make_error(name + ": truncated xml (no closing </topology>)");
   }
+  // hwloc never writes these; libxml2 under hwloc 2.9 crashes on an internal subset, and
+  // entities can expand without bound. The DOCTYPE line hwloc writes has no '['.
+  const std::string_view prologue = text.substr(0, open);
+  if (const auto doctype = prologue.find("<!DOCTYPE"); doctype != std::string_view::npos) {
+    const std::string_view decl = prologue.substr(doctype, prologue.find('>', doctype) - doctype);
+    if (decl.find('[') != std::string_view::npos) {
+      return make_error(name + ": an internal DTD subset (<!DOCTYPE ... [ ]>) is not part of an " +
+                        "hwloc xml topology");
+    }
+  }
+  if (text.find("<!ENTITY") != std::string_view::npos) {
+    return make_error(name + ": xml entity declarations are not part of an hwloc xml topology");
+  }
   const std::string_view tag = text.substr(open, text.find('>', open) - open);
   const auto version = tag.find("version=\"");
   if (version != std::string_view::npos) {
@@ -631,6 +645,11 @@ Status check_xml_text(const std::string& xml, const std::string& name) {
 }
 
 }  // namespace
+
+void prefer_minimal_xml_importer() {
+  // HWLOC_LIBXML decides both import and export and wins over HWLOC_LIBXML_IMPORT.
+  ::setenv("HWLOC_LIBXML", "0", 1);
+}
 
 Result<NodeTopology> load_xml_buffer(const std::string& xml, const std::string& name,
                                      const DiscoverOptions& options) {

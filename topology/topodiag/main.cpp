@@ -109,6 +109,7 @@ int run(const Options& options) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  tt::prefer_minimal_xml_importer();
   CLI::App app{
       "topodiag: show the GPU/NIC topology of this node (or of an hwloc XML / topolaunch JSON "
       "file) like nvidia-smi topo -m, and check it against a baseline.\n"

@@ -5,8 +5,8 @@
 #include <string>
 #include <vector>
 
+#include "topolaunch/common/result.hpp"
 #include "topolaunch/topology/model.hpp"
-#include "topolaunch/topology/result.hpp"
 
 namespace topolaunch::topology {
 
@@ -22,10 +22,18 @@ struct NicFilter {
 };
 
 struct DiscoverOptions {
-  NicFilter nics;               // NICs not selected get role `excluded`
-  bool use_nvml = true;         // live only: dlopen libnvidia-ml.so.1 for NVLink/UUIDs
-  std::string hostname;         // override (e.g. the Slurm node name); "" = gethostname / XML
+  NicFilter nics;        // NICs not selected get role `excluded`
+  bool use_nvml = true;  // live only: dlopen libnvidia-ml.so.1 for NVLink/UUIDs
+  std::string hostname;  // override (e.g. the Slurm node name); "" = gethostname / XML
 };
+
+// Makes hwloc read XML with its own minimal parser, not libxml2, for the rest of the process:
+// hwloc 2.9's libxml importer crashes on an internal DTD subset (research/hostile-inputs.md),
+// and the files we read are hwloc's own exports, which the minimal parser reads. hwloc decides
+// once, at the first XML import of the process, from the environment, so programs call this at
+// the top of main, before any thread starts (it sets HWLOC_LIBXML=0). Where it cannot be called
+// (inside slurmstepd) the loaders below still refuse DTD subsets and entities.
+void prefer_minimal_xml_importer();
 
 // Live discovery of this machine.
 Result<NodeTopology> discover_live(const DiscoverOptions& options = {});
