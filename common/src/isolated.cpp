@@ -88,6 +88,14 @@ bool become(const IsolationLimits& limits) {
 
 [[noreturn]] void run_child(int fd, const std::function<Status()>& probe,
                             const IsolationLimits& limits) {
+  // The parent's handlers (slurmstepd's, a test framework's) must not run for the child's
+  // crash: a crash ends the child, and the parent reads it from the exit status.
+  for (int sig : {SIGSEGV, SIGBUS, SIGILL, SIGFPE, SIGABRT, SIGXCPU, SIGTERM, SIGINT, SIGPIPE}) {
+    ::signal(sig, SIG_DFL);
+  }
+  sigset_t none;
+  sigemptyset(&none);
+  ::sigprocmask(SIG_SETMASK, &none, nullptr);
   ::prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0);
   const rlimit no_core{0, 0};
   ::setrlimit(RLIMIT_CORE, &no_core);
