@@ -56,7 +56,7 @@ Result<NodePlan> plan_node(const StepInfo& step, std::shared_ptr<const NodeTopol
   }
   if (spec.ranks_per_node != 0 && spec.ranks_per_node != per_node) {
     return make_error(
-        fmt::format("mapping.ranks_per_node={} but srun started {} tasks per node (use "
+        fmt::format("job.ranks_per_node = {} but srun started {} tasks per node (use "
                     "--ntasks-per-node={} or change the job config)",
                     spec.ranks_per_node, per_node, spec.ranks_per_node));
   }

@@ -347,14 +347,14 @@ Result<std::vector<ResolvedNode>> resolve_nodes(const std::vector<NodeInput>& in
       if (node.local_ranks > capacity && !spec.allow_oversubscribe) {
         if (allowed == 0) {
           return make_error(fmt::format(
-              "node {}: mapping.ranks_per_node={} but the node has no allocated GPU; allocate GPUs "
-              "or set allow_oversubscribe = true to run without one",
+              "node {}: job.ranks_per_node = {} but the node has no allocated GPU; allocate GPUs "
+              "or set mapping.oversubscribe = true to run without one",
               node.name, spec.ranks_per_node));
         }
         return make_error(fmt::format(
-            "node {}: mapping.ranks_per_node={} needs {} GPUs (ranks_per_gpu={}, gpus_per_rank={}) "
-            "but {} {} allocated; use ranks_per_node <= {}, ranks_per_gpu = {}, or "
-            "allow_oversubscribe = true",
+            "node {}: job.ranks_per_node = {} needs {} GPUs (mapping.ranks_per_gpu = {}, "
+            "mapping.gpus_per_rank = {}) but {} {} allocated; use job.ranks_per_node <= {}, "
+            "mapping.ranks_per_gpu = {}, or mapping.oversubscribe = true",
             node.name, spec.ranks_per_node,
             spec.gpus_per_rank > 1
                 ? spec.ranks_per_node * spec.gpus_per_rank
@@ -368,12 +368,13 @@ Result<std::vector<ResolvedNode>> resolve_nodes(const std::vector<NodeInput>& in
         if (allowed == 0) {
           return make_error(
               fmt::format("node {}: no allocated GPU, so no rank to place; allocate GPUs or set "
-                          "mapping.ranks_per_node (with allow_oversubscribe = true)",
+                          "job.ranks_per_node (with mapping.oversubscribe = true)",
                           node.name));
         }
-        return make_error(fmt::format(
-            "node {}: gpus_per_rank={} but only {} GPUs are allocated; use gpus_per_rank <= {}",
-            node.name, spec.gpus_per_rank, allowed, allowed));
+        return make_error(
+            fmt::format("node {}: mapping.gpus_per_rank = {} but only {} GPUs are allocated; use "
+                        "mapping.gpus_per_rank <= {}",
+                        node.name, spec.gpus_per_rank, allowed, allowed));
       }
     }
     nodes.push_back(std::move(node));
@@ -406,7 +407,7 @@ Status resolve_layout(const MappingSpec& spec, int world, int& tensor, int& pipe
   if (spec.data > 0 && spec.data != data) {
     return make_error(fmt::format(
         "mapping.data: tensor={} x pipeline={} x data={} = {} ranks, but the nodes give {} ranks; "
-        "use data={} or data=0 (auto)",
+        "use mapping.data = {} or mapping.data = 0 (auto)",
         tensor, pipeline, spec.data, model * spec.data, world, data));
   }
   return ok_status();

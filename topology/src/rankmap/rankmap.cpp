@@ -169,9 +169,11 @@ Result<RankMap> explicit_map(const std::vector<ResolvedNode>& nodes, ProfileCach
     for (int g : row->gpus) {
       if (++users[{row->node, g}] > spec.ranks_per_gpu && !spec.allow_oversubscribe) {
         return fail(
-            *row, fmt::format("gpus: GPU {} on node {} already has {} rank(s) (ranks_per_gpu={}); "
-                              "raise ranks_per_gpu or set allow_oversubscribe = true",
-                              g, nodes[row->node].name, spec.ranks_per_gpu, spec.ranks_per_gpu));
+            *row,
+            fmt::format(
+                "gpus: GPU {} on node {} already has {} rank(s) (mapping.ranks_per_gpu = {}); "
+                "raise mapping.ranks_per_gpu or set mapping.oversubscribe = true",
+                g, nodes[row->node].name, spec.ranks_per_gpu, spec.ranks_per_gpu));
       }
     }
   }

@@ -335,9 +335,9 @@ TEST_CASE("more ranks than GPUs without oversubscription is refused") {
   spec.ranks_per_node = 16;
   auto map = compute_rank_map(nodes_of(topo, 1), spec);
   REQUIRE(!map.ok());
-  CHECK_THAT(map.error().message, Catch::Contains("ranks_per_node=16") &&
+  CHECK_THAT(map.error().message, Catch::Contains("job.ranks_per_node = 16") &&
                                       Catch::Contains("8 are allocated") &&
-                                      Catch::Contains("allow_oversubscribe"));
+                                      Catch::Contains("mapping.oversubscribe = true"));
   spec.allow_oversubscribe = true;
   auto allowed = compute_rank_map(nodes_of(topo, 1), spec);
   REQUIRE(allowed.ok());
@@ -351,7 +351,8 @@ TEST_CASE("parallel layout that does not divide the world is refused") {
   spec.data = 3;
   auto map = compute_rank_map(nodes_of(topo, 2), spec);
   REQUIRE(!map.ok());
-  CHECK_THAT(map.error().message, Catch::Contains("mapping.data") && Catch::Contains("use data=2"));
+  CHECK_THAT(map.error().message,
+             Catch::Contains("mapping.data") && Catch::Contains("use mapping.data = 2"));
   spec.data = 0;
   spec.pipeline = 3;
   auto bad_pp = compute_rank_map(nodes_of(topo, 2), spec);
