@@ -15,7 +15,6 @@
 #include <unistd.h>
 
 #include <fmt/format.h>
-#include <algorithm>
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
@@ -26,6 +25,7 @@
 #include <sstream>
 
 #include "attempt.hpp"
+#include "report_merge.hpp"
 #include "topolaunch/launcher/agent_wireup.hpp"
 #include "topolaunch/launcher/report.hpp"
 #include "topolaunch/topology/serialize.hpp"
@@ -84,13 +84,6 @@ std::string advertised_host() {
     ::freeaddrinfo(found);
   }
   return out;
-}
-
-int exit_code_of(const std::string& outcome, int stop_signal) {
-  if (outcome == "succeeded") return 0;
-  if (outcome == "requeue") return 3;
-  if (outcome == "stopped") return 128 + (stop_signal ? stop_signal : SIGTERM);
-  return 1;
 }
 
 // Starts srun with the handled signals unblocked, in its own process group, output inherited.
@@ -218,48 +211,22 @@ int run_slurm(Job& job, int nodes, int signal_fd) {
       }
       if (::waitpid(srun, &status, WNOHANG) == srun) break;
     }
-    AttemptReport merged;
-    merged.attempt = attempt;
-    merged.started_s = seconds_between(job.job_start, attempt_start);
-    merged.wall_s = seconds_between(attempt_start, Clock::now());
-    std::optional<RootCause> cause;
-    std::string agent_outcome;
-    int preflight_exit = 0;  // an agent's [rdma] preflight stopped the job: 2 bad input, 1 fabric
-    // every failed agent's first failure: the root cause is the earliest (node order is not time
-    // order: the step's teardown kills workers on other nodes, which report that as theirs)
-    std::vector<RootCause> failures;
-    std::vector<int> failure_exit;
-    std::vector<std::string> failure_preflight;
+    const double wall_s = seconds_between(attempt_start, Clock::now());
+    std::vector<std::optional<JobReport>> agent_reports;
     for (int node = 0; node < nodes; ++node) {
       std::ifstream in(job.job_dir / fmt::format("attempt-{}", attempt) /
                        fmt::format("node-{}.json", node));
       std::stringstream text;
       text << in.rdbuf();
-      auto fragment = report_from_json(text.str());
-      if (!fragment || fragment->attempts.empty()) continue;
-      const AttemptReport& a = fragment->attempts.front();
-      merged.all_started_s = std::max(merged.all_started_s, a.all_started_s);
-      merged.ranks.insert(merged.ranks.end(), a.ranks.begin(), a.ranks.end());
-      if (report.agent_wireup.empty()) report.agent_wireup = fragment->agent_wireup;
-      if (attempt == 0 && node == 0) report.preflight = fragment->preflight;
-      if (fragment->root_cause && a.outcome == "failed") {
-        failures.push_back(*fragment->root_cause);
-        failure_exit.push_back(fragment->exit_code);
-        failure_preflight.push_back(fragment->preflight);
-      }
-      // Agents signalled by Slurm directly (scancel --signal=USR1 JOBID, step teardown).
-      if (a.outcome == "requeue" || a.outcome == "stopped") agent_outcome = a.outcome;
+      agent_reports.push_back(report_from_json(text.str()));
     }
-    if (!failures.empty()) {
-      const std::size_t first = earliest_root_cause(failures);
-      cause = failures[first];
-      if (cause->phase == "preflight") {
-        preflight_exit = failure_exit[first];
-        report.preflight = failure_preflight[first];
-      }
-    }
-    std::sort(merged.ranks.begin(), merged.ranks.end(),
-              [](const RankOutcome& a, const RankOutcome& b) { return a.rank < b.rank; });
+    MergedAttempt step = merge_agent_reports(attempt, agent_reports, report);
+    AttemptReport& merged = step.attempt;
+    merged.started_s = seconds_between(job.job_start, attempt_start);
+    merged.wall_s = wall_s;
+    std::optional<RootCause>& cause = step.root_cause;
+    const std::string& agent_outcome = step.agent_outcome;
+    const int preflight_exit = step.preflight_exit;
     const bool srun_ok = WIFEXITED(status) && WEXITSTATUS(status) == 0;
     merged.outcome = !requested.empty()       ? requested
                      : srun_ok                ? "succeeded"
