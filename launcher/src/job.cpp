@@ -20,8 +20,6 @@
 #include "topolaunch/topology/discover.hpp"
 #include "topolaunch/topology/serialize.hpp"
 
-extern char** environ;
-
 namespace topolaunch::launcher {
 namespace {
 
@@ -33,16 +31,6 @@ std::string random_hex(std::size_t bytes) {
     out += fmt::format("{:02x}", c);
   }
   return out;
-}
-
-Environment current_environment() {
-  Environment env;
-  for (char** e = environ; e && *e; ++e) {
-    std::string_view entry(*e);
-    auto eq = entry.find('=');
-    if (eq != std::string_view::npos) env[std::string(entry.substr(0, eq))] = entry.substr(eq + 1);
-  }
-  return env;
 }
 
 std::string make_run_id(const std::string& name) {
@@ -175,7 +163,7 @@ Result<Job> prepare_job(const RunOptions& options, const std::string& run_id) {
   }
   job.rankmap_file = job.job_dir / "rankmap.json";
   job.secret = random_hex(32);
-  job.inherited = current_environment();
+  job.inherited = wireup::current_environment();
   job.terminal = ::isatty(2) == 1;
   return job;
 }
