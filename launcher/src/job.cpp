@@ -46,9 +46,7 @@ std::string make_run_id(const std::string& name) {
 
 std::string this_node_name() {
   if (const char* slurm = std::getenv("SLURMD_NODENAME"); slurm && *slurm) return slurm;
-  char host[256] = {};
-  ::gethostname(host, sizeof(host) - 1);
-  return host;
+  return host_name();
 }
 
 }  // namespace

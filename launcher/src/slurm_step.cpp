@@ -25,6 +25,7 @@
 #include <sstream>
 
 #include "attempt.hpp"
+#include "process.hpp"
 #include "report_merge.hpp"
 #include "topolaunch/launcher/agent_wireup.hpp"
 #include "topolaunch/launcher/report.hpp"
@@ -71,13 +72,12 @@ Result<topology::NodeInput> node_input_from_json(const std::string& text,
 // IPv4 address, else loopback.
 std::string advertised_host() {
   if (std::string host = env_string("TOPOLAUNCH_STORE_HOST"); !host.empty()) return host;
-  char name[256] = {};
-  ::gethostname(name, sizeof(name) - 1);
+  const std::string name = host_name();
   addrinfo hints{};
   hints.ai_family = AF_INET;
   addrinfo* found = nullptr;
   std::string out = "127.0.0.1";
-  if (::getaddrinfo(name, nullptr, &hints, &found) == 0 && found) {
+  if (::getaddrinfo(name.c_str(), nullptr, &hints, &found) == 0 && found) {
     char text[INET_ADDRSTRLEN] = {};
     auto* in = reinterpret_cast<sockaddr_in*>(found->ai_addr);
     if (::inet_ntop(AF_INET, &in->sin_addr, text, sizeof(text))) out = text;
@@ -88,14 +88,7 @@ std::string advertised_host() {
 
 // Starts srun with the handled signals unblocked, in its own process group, output inherited.
 pid_t spawn_srun(const std::vector<std::string>& argv, const Environment& env) {
-  std::vector<std::string> env_strings;
-  for (const auto& [k, v] : env) env_strings.push_back(k + "=" + v);
-  std::vector<char*> envp, args;
-  for (auto& e : env_strings) envp.push_back(e.data());
-  envp.push_back(nullptr);
-  std::vector<std::string> argv_copy = argv;
-  for (auto& a : argv_copy) args.push_back(a.data());
-  args.push_back(nullptr);
+  ExecStrings exec(argv, env);
   pid_t pid = ::fork();
   if (pid == 0) {
     ::setpgid(0, 0);
@@ -103,7 +96,7 @@ pid_t spawn_srun(const std::vector<std::string>& argv, const Environment& env) {
     sigset_t none;
     sigemptyset(&none);
     ::sigprocmask(SIG_SETMASK, &none, nullptr);
-    ::execvpe(args[0], args.data(), envp.data());
+    ::execvpe(exec.argv()[0], exec.argv(), exec.envp());
     ::_exit(127);
   }
   return pid;
