@@ -8,6 +8,7 @@
 
 #include "attempt.hpp"
 #include "job.hpp"
+#include "report_merge.hpp"
 #include "slurm_step.hpp"
 #include "topolaunch/launcher/agent.hpp"
 #include "topolaunch/launcher/agent_wireup.hpp"
@@ -88,24 +89,14 @@ int run_job(const RunOptions& options) {
     report.attempts.push_back(*result);
     report.restarts_used = attempt;
     const std::string& outcome = result->outcome;
-    if (outcome == "succeeded") {
-      report.status = "succeeded";
-      exit_code = 0;
-    } else if (outcome == "requeue") {
-      report.status = "requeue";
-      exit_code = 3;
-    } else if (outcome == "stopped") {
-      report.status = "stopped";
-      exit_code = 128 + stop_signal;
-    } else if (attempt < job.config.job.restarts) {
+    if (outcome == "failed" && attempt < job.config.job.restarts) {
       std::fprintf(stderr, "topolaunch: attempt %d failed (%s); restarting (%d of %d)\n", attempt,
                    report.root_cause ? report.root_cause->what.c_str() : "?", attempt + 1,
                    job.config.job.restarts);
       continue;
-    } else {
-      report.status = "failed";
-      exit_code = 1;
     }
+    report.status = outcome;
+    exit_code = exit_code_of(outcome, stop_signal);
     break;
   }
   report.exit_code = exit_code;
