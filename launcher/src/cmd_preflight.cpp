@@ -15,6 +15,7 @@
 
 #include "commands.hpp"
 #include "preflight_stage.hpp"
+#include "process.hpp"
 #include "topolaunch/launcher/job_config.hpp"
 #include "topolaunch/rdma/preflight.hpp"
 #include "topolaunch/rdma/store.hpp"
@@ -37,12 +38,6 @@ int fail(const std::string& message, int code) {
   return code;
 }
 
-std::string hostname() {
-  char buf[256] = {};
-  gethostname(buf, sizeof buf - 1);
-  return buf;
-}
-
 int run_preflight_command(const PreflightOptions& o) {
   auto config = load_job_config(o.config_path);
   if (!config) return fail(config.error().message, 2);
@@ -59,7 +54,7 @@ int run_preflight_command(const PreflightOptions& o) {
     return 0;
   }
   rdma::PreflightPlanInput plan = preflight_plan_input(
-      rdma_cfg, level, o.node.empty() ? hostname() : o.node, o.transport, o.sysfs);
+      rdma_cfg, level, o.node.empty() ? host_name() : o.node, o.transport, o.sysfs);
 
   // The job's store when a launcher or srun provides one; else this node alone.
   std::unique_ptr<wireup::KvStore> store;

@@ -30,6 +30,23 @@ void Fd::reset(int fd) {
   fd_ = fd;
 }
 
+ExecStrings::ExecStrings(const std::vector<std::string>& args,
+                         const std::map<std::string, std::string>& env)
+    : arg_strings_(args) {
+  env_strings_.reserve(env.size());
+  for (const auto& [k, v] : env) env_strings_.push_back(k + "=" + v);
+  for (auto& s : env_strings_) envp_.push_back(s.data());
+  envp_.push_back(nullptr);
+  for (auto& s : arg_strings_) argv_.push_back(s.data());
+  argv_.push_back(nullptr);
+}
+
+std::string host_name() {
+  char host[256] = {};
+  ::gethostname(host, sizeof(host) - 1);
+  return host;
+}
+
 topology::CpuSet allowed_cpus_here() {
   cpu_set_t set;
   CPU_ZERO(&set);
@@ -77,16 +94,7 @@ Result<std::string> resolve_program(const std::string& name) {
 
 Result<SpawnedProcess> spawn_worker(const SpawnRequest& request) {
   // Everything the child needs, prepared here.
-  std::vector<std::string> env_strings;
-  env_strings.reserve(request.env.size());
-  for (const auto& [k, v] : request.env) env_strings.push_back(k + "=" + v);
-  std::vector<char*> envp;
-  for (auto& s : env_strings) envp.push_back(s.data());
-  envp.push_back(nullptr);
-  std::vector<std::string> argv_strings = request.argv;
-  std::vector<char*> argv;
-  for (auto& s : argv_strings) argv.push_back(s.data());
-  argv.push_back(nullptr);
+  ExecStrings exec(request.argv, request.env);
 
   cpu_set_t cpus;
   CPU_ZERO(&cpus);
@@ -138,7 +146,7 @@ Result<SpawnedProcess> spawn_worker(const SpawnRequest& request) {
         ::syscall(SYS_set_mempolicy, kMpolBind, nodemask, sizeof(nodemask) * 8) != 0) {
       fail(3);
     }
-    ::execve(request.program.c_str(), argv.data(), envp.data());
+    ::execve(request.program.c_str(), exec.argv(), exec.envp());
     fail(4);
   }
   // Parent: also set the group here, so signals to -pid work even before the child ran.

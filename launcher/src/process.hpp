@@ -39,6 +39,24 @@ class Fd {
   int fd_ = -1;
 };
 
+// execve's argv and envp ("NAME=value"), both null-terminated, built before fork(): after it, in
+// a process with threads, only async-signal-safe calls are allowed. The pointers point into the
+// strings held here, hence neither copied nor moved.
+class ExecStrings {
+ public:
+  ExecStrings(const std::vector<std::string>& args, const std::map<std::string, std::string>& env);
+  ExecStrings(const ExecStrings&) = delete;
+  ExecStrings& operator=(const ExecStrings&) = delete;
+  char** argv() { return argv_.data(); }
+  char** envp() { return envp_.data(); }
+
+ private:
+  std::vector<std::string> arg_strings_;
+  std::vector<std::string> env_strings_;
+  std::vector<char*> argv_;
+  std::vector<char*> envp_;
+};
+
 struct SpawnRequest {
   std::string program;  // resolved path
   std::vector<std::string> argv;
@@ -58,6 +76,9 @@ Result<SpawnedProcess> spawn_worker(const SpawnRequest& request);
 
 // "python3" -> "/usr/bin/python3" through PATH; a name with '/' must exist and be executable.
 Result<std::string> resolve_program(const std::string& name);
+
+// This machine's name (gethostname).
+std::string host_name();
 
 // PUs this process may run on (sched_getaffinity), and NUMA nodes with memory on this machine.
 topology::CpuSet allowed_cpus_here();

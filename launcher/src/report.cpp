@@ -1,12 +1,14 @@
-// Job report: JSON for machines, a short table for people.
+// Job report: JSON for machines, a short table for people; a Slurm step's agents' reports merged.
 #include "topolaunch/launcher/report.hpp"
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <csignal>
 #include <cstring>
 #include <nlohmann/json.hpp>
 
+#include "report_merge.hpp"
 #include "topolaunch/launcher/units.hpp"
 
 namespace topolaunch::launcher {
@@ -27,6 +29,53 @@ std::size_t earliest_root_cause(const std::vector<RootCause>& causes) {
     if (t > 0 && (b <= 0 || t < b)) best = i;
   }
   return best;
+}
+
+MergedAttempt merge_agent_reports(int attempt,
+                                  const std::vector<std::optional<JobReport>>& agent_reports,
+                                  JobReport& report) {
+  MergedAttempt step;
+  AttemptReport& merged = step.attempt;
+  merged.attempt = attempt;
+  // every failed agent's first failure: the root cause is the earliest (node order is not time
+  // order: the step's teardown kills workers on other nodes, which report that as theirs)
+  std::vector<RootCause> failures;
+  std::vector<int> failure_exit;
+  std::vector<std::string> failure_preflight;
+  for (std::size_t node = 0; node < agent_reports.size(); ++node) {
+    const std::optional<JobReport>& fragment = agent_reports[node];
+    if (!fragment || fragment->attempts.empty()) continue;
+    const AttemptReport& a = fragment->attempts.front();
+    merged.all_started_s = std::max(merged.all_started_s, a.all_started_s);
+    merged.ranks.insert(merged.ranks.end(), a.ranks.begin(), a.ranks.end());
+    if (report.agent_wireup.empty()) report.agent_wireup = fragment->agent_wireup;
+    if (attempt == 0 && node == 0) report.preflight = fragment->preflight;
+    if (fragment->root_cause && a.outcome == "failed") {
+      failures.push_back(*fragment->root_cause);
+      failure_exit.push_back(fragment->exit_code);
+      failure_preflight.push_back(fragment->preflight);
+    }
+    // Agents signalled by Slurm directly (scancel --signal=USR1 JOBID, step teardown).
+    if (a.outcome == "requeue" || a.outcome == "stopped") step.agent_outcome = a.outcome;
+  }
+  if (!failures.empty()) {
+    const std::size_t first = earliest_root_cause(failures);
+    step.root_cause = failures[first];
+    if (step.root_cause->phase == "preflight") {
+      step.preflight_exit = failure_exit[first];
+      report.preflight = failure_preflight[first];
+    }
+  }
+  std::sort(merged.ranks.begin(), merged.ranks.end(),
+            [](const RankOutcome& a, const RankOutcome& b) { return a.rank < b.rank; });
+  return step;
+}
+
+int exit_code_of(const std::string& outcome, int stop_signal) {
+  if (outcome == "succeeded") return 0;
+  if (outcome == "requeue") return 3;
+  if (outcome == "stopped") return 128 + (stop_signal ? stop_signal : SIGTERM);
+  return 1;
 }
 
 std::string to_json(const JobReport& r) {

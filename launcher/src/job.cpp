@@ -1,0 +1,242 @@
+// Preparing a job on this node: its config, program, job dir, run id and secret, this node's
+// topology and the rank map; the [rdma] preflight stage and the GPU memory watch; see job.hpp.
+#include "job.hpp"
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <fmt/format.h>
+#include <cerrno>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <ctime>
+#include <fstream>
+
+#include "process.hpp"
+#include "topolaunch/topology/discover.hpp"
+#include "topolaunch/topology/serialize.hpp"
+
+namespace topolaunch::launcher {
+namespace {
+
+std::string random_hex(std::size_t bytes) {
+  std::string out;
+  std::ifstream urandom("/dev/urandom", std::ios::binary);
+  for (std::size_t i = 0; i < bytes; ++i) {
+    unsigned char c = static_cast<unsigned char>(urandom.get());
+    out += fmt::format("{:02x}", c);
+  }
+  return out;
+}
+
+std::string make_run_id(const std::string& name) {
+  if (const char* slurm_job = std::getenv("SLURM_JOB_ID"))
+    return fmt::format("{}-{}", name, slurm_job);
+  std::time_t now = std::time(nullptr);
+  std::tm tm{};
+  ::gmtime_r(&now, &tm);
+  char stamp[32];
+  std::strftime(stamp, sizeof(stamp), "%Y%m%d-%H%M%S", &tm);
+  return fmt::format("{}-{}-{}", name, stamp, random_hex(2));
+}
+
+std::string this_node_name() {
+  if (const char* slurm = std::getenv("SLURMD_NODENAME"); slurm && *slurm) return slurm;
+  return host_name();
+}
+
+}  // namespace
+
+// Wall-clock seconds since the epoch: failures are ordered across nodes by it (NTP keeps a
+// cluster's clocks far closer than a failure and the teardown it causes).
+double unix_now_s() {
+  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+}
+
+double seconds_between(Clock::time_point a, Clock::time_point b) {
+  return std::chrono::duration<double>(b - a).count();
+}
+
+Status write_file(const fs::path& path, std::string_view text) {
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  out << text;
+  out.close();
+  if (!out) return make_error(fmt::format("cannot write {}", path.string()), 1);
+  return ok_status();
+}
+
+// A free TCP port for the workers' own store (torch's MASTER_PORT); a different port from ours.
+int free_port() {
+  int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return 29500;
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof(addr);
+  int port = 29500;
+  if (::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0 &&
+      ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0) {
+    port = ntohs(addr.sin_port);
+  }
+  ::close(fd);
+  return port;
+}
+
+int env_int(const char* name, int fallback) {
+  const char* v = std::getenv(name);
+  return v && *v ? std::atoi(v) : fallback;
+}
+
+std::string env_string(const char* name) {
+  const char* v = std::getenv(name);
+  return v ? v : "";
+}
+
+// This node's input to the rank map: its topology (live, or a file where "%n" is the node name)
+// and what the job may use here.
+Result<topology::NodeInput> local_node_input(const RunOptions& options, const JobConfig& config,
+                                             const std::string& node_name) {
+  topology::DiscoverOptions discover_options;
+  discover_options.nics = config.rdma.nics;
+  std::string topology_path = options.topology_path;
+  for (std::size_t at; (at = topology_path.find("%n")) != std::string::npos;) {
+    topology_path.replace(at, 2, node_name);
+  }
+  auto topo = topology_path.empty() ? topology::discover_live(discover_options)
+                                    : topology::load_topology_file(topology_path, discover_options);
+  if (!topo) return topo.error();
+  topology::NodeInput node;
+  node.name = node_name;
+  node.topology = std::make_shared<const topology::NodeTopology>(std::move(*topo));
+  if (topology_path.empty()) {
+    auto allocation = topology::allocation_of_this_process();
+    if (!allocation) return allocation.error();
+    node.allocation = *allocation;
+  }
+  return node;
+}
+
+// Everything that can be refused before a worker starts (exit 2); the map comes later.
+Result<Job> prepare_job(const RunOptions& options, const std::string& run_id) {
+  Job job;
+  job.job_start = Clock::now();
+  job.options = options;
+  auto config = load_job_config(options.config_path);
+  if (!config) return config.error();
+  job.config = std::move(*config);
+  if (!options.command_override.empty()) job.config.worker.command = options.command_override;
+  auto program = resolve_program(job.config.worker.command[0]);
+  if (!program) return program.error();
+  job.program = *program;
+  job.argv = job.config.worker.command;
+  job.node_name = this_node_name();
+  job.cpus_here = allowed_cpus_here();
+
+  job.run_id = run_id.empty() ? make_run_id(job.config.job.name) : run_id;
+  std::string dir = !options.job_dir_override.empty() ? options.job_dir_override
+                    : !job.config.job.job_dir.empty() ? job.config.job.job_dir
+                                                      : "topolaunch-jobs/" + job.run_id;
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  if (ec || !fs::is_directory(dir)) {
+    return make_error(fmt::format("job.job_dir: cannot create \"{}\": {}", dir,
+                                  ec ? ec.message() : "not a directory"));
+  }
+  if (::access(dir.c_str(), W_OK | X_OK) != 0) {
+    return make_error(
+        fmt::format("job.job_dir: \"{}\" is not writable ({})", dir, std::strerror(errno)));
+  }
+  job.job_dir = fs::absolute(dir);
+  job.checkpoint_dir = job.config.job.checkpoint_dir.empty()
+                           ? job.job_dir / "checkpoints"
+                           : fs::absolute(job.config.job.checkpoint_dir);
+  fs::create_directories(job.checkpoint_dir, ec);
+  if (ec) {
+    return make_error(fmt::format("job.checkpoint_dir: cannot create \"{}\": {}",
+                                  job.checkpoint_dir.string(), ec.message()));
+  }
+  job.rankmap_file = job.job_dir / "rankmap.json";
+  job.secret = random_hex(32);
+  job.inherited = wireup::current_environment();
+  job.terminal = ::isatty(2) == 1;
+  return job;
+}
+
+Status set_map(Job& job, const std::vector<topology::NodeInput>& nodes, bool write_map_file) {
+  auto map = topology::compute_rank_map(nodes, job.config.mapping);
+  if (!map) return map.error();
+  job.map = std::move(*map);
+  if (job.map.world_size <= 0) return make_error("the rank map has no rank to start");
+  job.node_index = -1;
+  for (std::size_t i = 0; i < job.map.nodes.size(); ++i) {
+    if (job.map.nodes[i].name == job.node_name) job.node_index = static_cast<int>(i);
+  }
+  if (job.node_index < 0) {
+    return make_error(fmt::format("node {} is not in the rank map", job.node_name), 1);
+  }
+  if (write_map_file) {
+    if (auto s = write_file(job.rankmap_file, topology::to_json(job.map)); !s) {
+      return make_error(fmt::format("job.job_dir: {}", s.error().message));
+    }
+  }
+  return ok_status();
+}
+
+Result<Job> prepare(const RunOptions& options) {
+  auto job = prepare_job(options, "");
+  if (!job) return job;
+  auto node = local_node_input(options, job->config, job->node_name);
+  if (!node) return node.error();
+  if (auto s = set_map(*job, {*node}, true); !s) return s.error();
+  return job;
+}
+
+// NVML once per job. When it is absent and there is GPU memory to watch (a GPU budget, or ranks
+// with GPUs here), the log says so once: not an error, the job runs without the GPU watch.
+void open_gpu_watch(Job& job) {
+  auto watch = NvmlMemoryWatch::open(nvml_library_name());
+  if (watch) {
+    job.gpu_watch = std::shared_ptr<NvmlMemoryWatch>(std::move(*watch));
+    return;
+  }
+  bool gpus_here = false;
+  for (const auto& assignment : job.map.ranks) {
+    if (assignment.node == job.node_index && !assignment.gpus.empty()) gpus_here = true;
+  }
+  if (job.config.budget.gpu_memory_bytes_per_rank != 0 || gpus_here) {
+    std::fprintf(stderr, "topolaunch: %s: GPU memory is not watched: %s\n", job.node_name.c_str(),
+                 watch.error().message.c_str());
+  }
+}
+
+// The [rdma] preflight stage of this node (attempt 0 only): prints its one line (nothing when
+// the config turns it off) and keeps the stages' JSON lines in <job_dir>/preflight-<node>.jsonl.
+PreflightStageOutcome preflight_stage(const Job& job, wireup::KvStore* store) {
+  if (!job.options.preflight) {
+    return PreflightStageOutcome{true, 0, "rdma preflight: not available in this program", ""};
+  }
+  const fs::path scratch = job.job_dir / "preflight-store";
+  std::error_code ec;
+  fs::remove_all(scratch, ec);  // a store left by an earlier run in this job dir
+  if (store == nullptr) fs::create_directories(scratch, ec);
+  PreflightStageOutcome outcome =
+      job.options.preflight(job.config, job.node_name, store, scratch.string());
+  if (store == nullptr) fs::remove_all(scratch, ec);
+  if (job.config.rdma.preflight != PreflightMode::off) {
+    std::fprintf(stderr, "topolaunch: %s\n", outcome.line.c_str());
+  }
+  if (!outcome.jsonl.empty()) {
+    (void)write_file(job.job_dir / fmt::format("preflight-{}.jsonl", job.node_name), outcome.jsonl);
+  }
+  return outcome;
+}
+
+RootCause preflight_root_cause(const Job& job, int attempt, const PreflightStageOutcome& outcome) {
+  return RootCause{attempt, -1, job.node_name, outcome.line, "preflight", unix_now_s()};
+}
+
+}  // namespace topolaunch::launcher

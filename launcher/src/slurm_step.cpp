@@ -1,0 +1,381 @@
+// The Slurm step: `run` starts one agent per node with srun and merges what they report;
+// `topolaunch agent` (run_agent) is one of those agents: it exchanges this node's topology with
+// the others, computes the same rank map and runs one attempt of this node's ranks.
+#include "slurm_step.hpp"
+
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/prctl.h>
+#include <sys/signalfd.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <fmt/format.h>
+#include <csignal>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <sstream>
+
+#include "attempt.hpp"
+#include "process.hpp"
+#include "report_merge.hpp"
+#include "topolaunch/launcher/agent_wireup.hpp"
+#include "topolaunch/launcher/report.hpp"
+#include "topolaunch/topology/serialize.hpp"
+#include "topolaunch/wireup/kv_store.hpp"
+#include "topolaunch/wireup/tcp_store.hpp"
+
+namespace topolaunch::launcher {
+namespace {
+
+std::string node_input_to_json(const topology::NodeInput& node) {
+  nlohmann::json j;
+  j["name"] = node.name;
+  j["topology"] = topology::to_json(*node.topology);
+  j["all_gpus"] = node.allocation.all_gpus;
+  j["gpus"] = node.allocation.gpus;
+  j["gpu_uuids"] = node.allocation.gpu_uuids;
+  j["cuda_naming"] = static_cast<int>(node.allocation.cuda_naming);
+  j["cpus"] = node.allocation.cpus ? node.allocation.cpus->to_list() : std::string("*");
+  return j.dump();
+}
+
+Result<topology::NodeInput> node_input_from_json(const std::string& text,
+                                                 const std::string& origin) {
+  auto j = nlohmann::json::parse(text, nullptr, false);
+  if (j.is_discarded() || !j.is_object() || !j.contains("topology")) {
+    return make_error(fmt::format("{}: not a node record", origin), 1);
+  }
+  auto topo = topology::from_json(j.value("topology", ""), origin);
+  if (!topo) return topo.error();
+  topology::NodeInput node;
+  node.name = j.value("name", "");
+  node.topology = std::make_shared<const topology::NodeTopology>(std::move(*topo));
+  node.allocation.all_gpus = j.value("all_gpus", true);
+  node.allocation.gpus = j.value("gpus", std::vector<int>{});
+  node.allocation.gpu_uuids = j.value("gpu_uuids", std::vector<std::string>{});
+  node.allocation.cuda_naming = static_cast<topology::CudaNaming>(j.value("cuda_naming", 0));
+  std::string cpus = j.value("cpus", "*");
+  if (cpus != "*") node.allocation.cpus = topology::CpuSet::parse_list(cpus);
+  return node;
+}
+
+// The address other nodes reach this one at: $TOPOLAUNCH_STORE_HOST, else the hostname's first
+// IPv4 address, else loopback.
+std::string advertised_host() {
+  if (std::string host = env_string("TOPOLAUNCH_STORE_HOST"); !host.empty()) return host;
+  const std::string name = host_name();
+  addrinfo hints{};
+  hints.ai_family = AF_INET;
+  addrinfo* found = nullptr;
+  std::string out = "127.0.0.1";
+  if (::getaddrinfo(name.c_str(), nullptr, &hints, &found) == 0 && found) {
+    char text[INET_ADDRSTRLEN] = {};
+    auto* in = reinterpret_cast<sockaddr_in*>(found->ai_addr);
+    if (::inet_ntop(AF_INET, &in->sin_addr, text, sizeof(text))) out = text;
+    ::freeaddrinfo(found);
+  }
+  return out;
+}
+
+// Starts srun with the handled signals unblocked, in its own process group, output inherited.
+pid_t spawn_srun(const std::vector<std::string>& argv, const Environment& env) {
+  ExecStrings exec(argv, env);
+  pid_t pid = ::fork();
+  if (pid == 0) {
+    ::setpgid(0, 0);
+    ::prctl(PR_SET_PDEATHSIG, SIGTERM);
+    sigset_t none;
+    sigemptyset(&none);
+    ::sigprocmask(SIG_SETMASK, &none, nullptr);
+    ::execvpe(exec.argv()[0], exec.argv(), exec.envp());
+    ::_exit(127);
+  }
+  return pid;
+}
+
+// The MPI plugins this Slurm's srun offers (`srun --mpi=list`); empty when srun cannot say.
+std::vector<std::string> srun_mpi_plugins() {
+  std::string text;
+  if (FILE* pipe = ::popen("srun --mpi=list 2>&1", "r")) {
+    char buffer[4096];
+    for (std::size_t n; (n = std::fread(buffer, 1, sizeof(buffer), pipe)) > 0;)
+      text.append(buffer, n);
+    ::pclose(pipe);
+  }
+  return parse_srun_mpi_list(text);
+}
+
+}  // namespace
+
+// `run` inside a multi-node allocation: stores here, one agent per node through srun.
+int run_slurm(Job& job, int nodes, int signal_fd) {
+  JobReport report;
+  report.job_name = job.config.job.name;
+  report.run_id = job.run_id;
+  report.job_dir = job.job_dir.string();
+  report.max_restarts = job.config.job.restarts;
+  const std::string host = advertised_host();
+  // The agents' step gets the --mpi= plugin that matches [wireup].backend (agent_wireup.hpp).
+  std::vector<std::string> offered;
+  if (job.config.wireup.backend != WireupBackend::tcp) offered = srun_mpi_plugins();
+  auto mpi = srun_mpi_for(job.config.wireup.backend, offered, wireup::compiled_backends());
+  if (!mpi) {
+    std::fprintf(stderr, "topolaunch: %s\n", mpi.error().message.c_str());
+    return 2;
+  }
+  const bool agents_use_tcp = *mpi == "none";
+  int exit_code = 1;
+  for (int attempt = 0;; ++attempt) {
+    const auto attempt_start = Clock::now();
+    wireup::TcpStoreServerOptions agents_options;
+    agents_options.bind_host = "0.0.0.0";
+    agents_options.secret = job.secret;
+    agents_options.world_size = nodes;
+    Result<std::unique_ptr<wireup::TcpStoreServer>> agents_store =
+        std::unique_ptr<wireup::TcpStoreServer>();
+    if (agents_use_tcp) agents_store = wireup::TcpStoreServer::start(agents_options);
+    wireup::TcpStoreServerOptions workers_options = agents_options;
+    workers_options.port = static_cast<std::uint16_t>(job.config.wireup.port);
+    workers_options.world_size = 0;  // the workers' WORLD_SIZE, from the first to connect
+    auto workers_store = wireup::TcpStoreServer::start(workers_options);
+    if (!agents_store || !workers_store) {
+      std::fprintf(stderr, "topolaunch: wireup.port: cannot start the TCP store: %s\n",
+                   (!agents_store ? agents_store.error() : workers_store.error()).message.c_str());
+      return attempt == 0 ? 2 : 1;
+    }
+    Environment env = job.inherited;
+    if (agents_use_tcp) {
+      env["TOPOLAUNCH_AGENT_STORE"] = fmt::format("{}:{}", host, (*agents_store)->port());
+    } else {
+      env.erase("TOPOLAUNCH_AGENT_STORE");
+    }
+    env["TOPOLAUNCH_WORKER_STORE"] = fmt::format("{}:{}", host, (*workers_store)->port());
+    env["TOPOLAUNCH_STORE_SECRET"] = job.secret;
+    env["TOPOLAUNCH_MASTER_PORT"] = std::to_string(free_port());
+    std::vector<std::string> argv{"srun",
+                                  "--ntasks-per-node=1",
+                                  "--kill-on-bad-exit=1",
+                                  "--mpi=" + *mpi,
+                                  fmt::format("--nodes={}", nodes),
+                                  fmt::format("--ntasks={}", nodes),
+                                  fs::read_symlink("/proc/self/exe").string(),
+                                  "agent",
+                                  fs::absolute(job.config.path).string(),
+                                  "--job-dir",
+                                  job.job_dir.string(),
+                                  "--run-id",
+                                  job.run_id,
+                                  "--attempt",
+                                  std::to_string(attempt)};
+    if (!job.options.topology_path.empty()) {
+      argv.insert(argv.end(), {"--topology", job.options.topology_path});
+    }
+    if (job.options.quiet) argv.push_back("-q");
+    argv.push_back("--");
+    argv.push_back(job.program);
+    argv.insert(argv.end(), job.argv.begin() + 1, job.argv.end());
+    pid_t srun = spawn_srun(argv, env);
+    int status = 0, stop_signal = 0;
+    std::string requested;  // "", "requeue", "stopped"
+    while (true) {
+      pollfd pfd{signal_fd, POLLIN, 0};
+      ::poll(&pfd, 1, 200);
+      signalfd_siginfo info;
+      while (::read(signal_fd, &info, sizeof(info)) == sizeof(info)) {
+        int sig = static_cast<int>(info.ssi_signo);
+        if (sig == SIGCHLD) continue;
+        if (sig == SIGUSR1) {
+          ::kill(srun, SIGUSR1);  // srun relays it to every agent, which relay it to workers
+          if (requested.empty()) requested = "requeue";
+        } else {
+          ::kill(srun, SIGTERM);
+          requested = "stopped";
+          stop_signal = sig;
+        }
+      }
+      if (::waitpid(srun, &status, WNOHANG) == srun) break;
+    }
+    const double wall_s = seconds_between(attempt_start, Clock::now());
+    std::vector<std::optional<JobReport>> agent_reports;
+    for (int node = 0; node < nodes; ++node) {
+      std::ifstream in(job.job_dir / fmt::format("attempt-{}", attempt) /
+                       fmt::format("node-{}.json", node));
+      std::stringstream text;
+      text << in.rdbuf();
+      agent_reports.push_back(report_from_json(text.str()));
+    }
+    MergedAttempt step = merge_agent_reports(attempt, agent_reports, report);
+    AttemptReport& merged = step.attempt;
+    merged.started_s = seconds_between(job.job_start, attempt_start);
+    merged.wall_s = wall_s;
+    std::optional<RootCause>& cause = step.root_cause;
+    const std::string& agent_outcome = step.agent_outcome;
+    const int preflight_exit = step.preflight_exit;
+    const bool srun_ok = WIFEXITED(status) && WEXITSTATUS(status) == 0;
+    merged.outcome = !requested.empty()       ? requested
+                     : srun_ok                ? "succeeded"
+                     : cause                  ? "failed"
+                     : !agent_outcome.empty() ? agent_outcome
+                                              : "failed";
+    if (merged.outcome == "stopped" && stop_signal == 0) stop_signal = SIGTERM;
+    if (merged.outcome == "failed" && !cause) {
+      cause =
+          RootCause{attempt,
+                    -1,
+                    "",
+                    fmt::format("srun {} before any agent reported a failure",
+                                describe_wait_status(WIFEXITED(status) ? WEXITSTATUS(status) : -1,
+                                                     WIFSIGNALED(status) ? WTERMSIG(status) : 0)),
+                    "",
+                    unix_now_s()};
+    }
+    if (cause && !report.root_cause) report.root_cause = cause;
+    report.attempts.push_back(merged);
+    report.restarts_used = attempt;
+    if (preflight_exit != 0 && requested.empty()) {
+      // Nothing ran: a restart would meet the same fabric (or the same missing NIC).
+      report.status = "failed";
+      exit_code = preflight_exit;
+      break;
+    }
+    if (merged.outcome == "failed" && attempt < job.config.job.restarts) {
+      std::fprintf(stderr, "topolaunch: attempt %d failed (%s); restarting (%d of %d)\n", attempt,
+                   cause ? cause->what.c_str() : "?", attempt + 1, job.config.job.restarts);
+      continue;
+    }
+    report.status = merged.outcome;
+    exit_code = exit_code_of(merged.outcome, stop_signal);
+    break;
+  }
+  report.exit_code = exit_code;
+  report.wall_s = seconds_between(job.job_start, Clock::now());
+  (void)write_file(job.job_dir / "report.json", to_json(report));
+  if (job.options.print_json) {
+    std::fputs(to_json(report).c_str(), stdout);
+  } else if (!job.options.quiet || exit_code != 0) {
+    std::fputs(summarize(report).c_str(), stderr);
+  }
+  return exit_code;
+}
+
+int run_agent(const AgentOptions& options) {
+  SignalScope signals;
+  ::prctl(PR_SET_CHILD_SUBREAPER, 1);
+  auto prepared = prepare_job(options.run, options.run_id);
+  if (!prepared) {
+    std::fprintf(stderr, "topolaunch agent: %s\n", prepared.error().message.c_str());
+    return prepared.error().exit_code;
+  }
+  Job& job = *prepared;
+  const int node_id = env_int("SLURM_NODEID", 0);
+  const int nodes = env_int("SLURM_STEP_NUM_NODES", env_int("SLURM_NNODES", 1));
+  job.secret = env_string("TOPOLAUNCH_STORE_SECRET");
+  job.external_store_address = env_string("TOPOLAUNCH_WORKER_STORE");
+  job.master_addr = job.external_store_address.substr(0, job.external_store_address.rfind(':'));
+  job.master_port = env_int("TOPOLAUNCH_MASTER_PORT", 0);
+  auto fail = [&](const std::string& message) {
+    std::fprintf(stderr, "topolaunch agent %s: %s\n", job.node_name.c_str(), message.c_str());
+    return 2;
+  };
+  if (job.secret.empty() || job.external_store_address.empty()) {
+    return fail(
+        "started without TOPOLAUNCH_STORE_SECRET/TOPOLAUNCH_WORKER_STORE (use topolaunch run)");
+  }
+  auto node = local_node_input(options.run, job.config, job.node_name);
+  if (!node) return fail(node.error().message);
+  // The agents' exchange goes through the [wireup].backend store (agent_wireup.hpp).
+  auto backend = agent_backend(job.config.wireup.backend, wireup::current_environment(),
+                               wireup::compiled_backends());
+  if (!backend) return fail(backend.error().message);
+  std::unique_ptr<wireup::KvStore> store;
+  if (*backend == wireup::Backend::tcp) {
+    wireup::TcpStoreClientOptions client_options;
+    client_options.address = env_string("TOPOLAUNCH_AGENT_STORE");
+    client_options.secret = job.secret;
+    client_options.rank = node_id;
+    client_options.world_size = nodes;
+    auto client = wireup::TcpStoreClient::connect(client_options);
+    if (!client) return fail(client.error().message);
+    store = std::move(*client);
+  } else {
+    wireup::Env env = wireup::current_environment();
+    env["TOPOLAUNCH_WIREUP"] = std::string(backend_name(*backend));
+    auto connected = wireup::connect_from_env(env, job.config.wireup.timeout);
+    if (!connected) return fail(fmt::format("wireup.backend: {}", connected.error().message));
+    store = std::move(*connected);
+    // The PMI2 socket is the agent's own: workers must not inherit it.
+    if (int pmi_fd = env_int("PMI_FD", -1); pmi_fd >= 0) ::fcntl(pmi_fd, F_SETFD, FD_CLOEXEC);
+  }
+  if (store->size() != nodes) {
+    return fail(fmt::format("wireup {}: {} agents in the store, {} nodes in the step",
+                            store->backend(), store->size(), nodes));
+  }
+  const int agent_rank = store->rank();
+  std::fprintf(stderr, "topolaunch agent %s: wireup: agents exchange through %s (agent %d of %d)\n",
+               job.node_name.c_str(), std::string(store->backend()).c_str(), agent_rank, nodes);
+  // Workers get the TCP store; the agent's PMI variables describe the agent, not them.
+  std::erase_if(job.inherited,
+                [](const auto& entry) { return is_agent_pmi_variable(entry.first); });
+  const auto timeout = job.config.wireup.timeout;
+  if (auto s = store->put(wireup::rank_key("node", agent_rank), node_input_to_json(*node)); !s) {
+    return fail(s.error().message);
+  }
+  if (auto s = store->fence(timeout); !s) return fail(s.error().message);
+  std::vector<topology::NodeInput> inputs;
+  for (int i = 0; i < nodes; ++i) {
+    auto text = store->get_string(wireup::rank_key("node", i), timeout);
+    if (!text) return fail(text.error().message);
+    auto input = node_input_from_json(*text, fmt::format("agent {}", i));
+    if (!input) return fail(input.error().message);
+    inputs.push_back(std::move(*input));
+  }
+  if (auto s = set_map(job, inputs, agent_rank == 0); !s) return fail(s.error().message);
+
+  JobReport fragment;
+  fragment.job_name = job.config.job.name;
+  fragment.run_id = job.run_id;
+  fragment.job_dir = job.job_dir.string();
+  fragment.agent_wireup = std::string(store->backend());
+  const fs::path fragment_path = job.job_dir / fmt::format("attempt-{}", options.attempt) /
+                                 fmt::format("node-{}.json", agent_rank);
+  if (options.attempt == 0) {
+    const PreflightStageOutcome preflight = preflight_stage(job, store.get());
+    fragment.preflight = preflight.line;
+    if (!preflight.ok) {
+      AttemptReport failed;
+      failed.attempt = options.attempt;
+      failed.outcome = "failed";
+      fragment.status = "failed";
+      fragment.exit_code = preflight.exit_code;
+      fragment.root_cause = preflight_root_cause(job, options.attempt, preflight);
+      fragment.attempts.push_back(failed);
+      std::error_code ec;
+      fs::create_directories(fragment_path.parent_path(), ec);
+      (void)write_file(fragment_path, to_json(fragment));
+      return preflight.exit_code;
+    }
+  }
+  open_gpu_watch(job);
+
+  std::optional<RootCause> cause;
+  int stop_signal = 0;
+  auto result = run_attempt(job, options.attempt, signals.fd(), cause, stop_signal);
+  if (!result) return fail(result.error().message);
+  fragment.status = result->outcome;
+  fragment.exit_code = exit_code_of(result->outcome, stop_signal);
+  fragment.root_cause = cause;
+  fragment.attempts.push_back(*result);
+  (void)write_file(fragment_path, to_json(fragment));
+  return fragment.exit_code;
+}
+
+}  // namespace topolaunch::launcher
