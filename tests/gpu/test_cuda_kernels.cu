@@ -3,10 +3,7 @@
 // host, which has neither toml++ nor our Catch2 version. Inputs are rounded to bf16 before the CPU
 // twin sees them, so both sides start from identical values and the differences measure only the
 // kernels' own rounding (bf16 outputs) and summation order (atomics, GEMM tiling).
-//
-//   nvcc -std=c++20 -O2 -gencode=arch=compute_90,code=sm_90 --extended-lambda -Xcompiler -fopenmp
-//        -Ikernels/include -Itopology/include -Ikernels/cpu -Ikernels/cuda
-//        tests/gpu/test_cuda_kernels.cu kernels/cuda/kernels.cu kernels/cuda/matmul.cu -lcublasLt
+// Built by meson with -Dcuda=enabled (suite gpu).
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -20,14 +17,19 @@
 #include <string>
 #include <vector>
 
+#include "adamw.cuh"
 #include "adamw.hpp"
+#include "classifier.cuh"
 #include "classifier.hpp"
-#include "cuda_kernels.cuh"
+#include "encoder.cuh"
 #include "encoder.hpp"
+#include "gelu.cuh"
 #include "gelu.hpp"
+#include "layernorm.cuh"
 #include "layernorm.hpp"
 #include "matmul.cuh"
 #include "matmul.hpp"
+#include "residual.cuh"
 #include "residual.hpp"
 #include "topolaunch/kernels/graph.hpp"
 
