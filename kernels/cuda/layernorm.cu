@@ -345,38 +345,36 @@ cudaError_t dispatch_packs(std::int64_t C, Launch&& launch) {
   }
 }
 
-}  // namespace
-
-cudaError_t layernorm_forward(bf16* y, float* mean, float* rstd, const bf16* x, const bf16* w,
-                              const bf16* b, std::int64_t N, std::int64_t C, cudaStream_t stream) {
-  if (C > kMaxLayerNormChannels) return cudaErrorInvalidValue;
-  if (C % 8 == 0 && aligned16_all({y, x, w, b}))
-    return dispatch_packs(C, [&]<int kPacks>() {
-      layernorm_forward_vec_kernel<false, kPacks><<<blocks_for(N, 8), 256, 0, stream>>>(
-          nullptr, y, mean, rstd, x, nullptr, w, b, N, static_cast<int>(C));
-      return cudaSuccess;
-    });
-  return dispatch_per_lane(C, [&]<int kPerLane>() {
-    layernorm_forward_kernel<false, kPerLane><<<blocks_for(N, 8), 256, 0, stream>>>(
-        nullptr, y, mean, rstd, x, nullptr, w, b, N, static_cast<int>(C));
-    return cudaSuccess;
-  });
-}
-cudaError_t residual_layernorm_forward(bf16* s, bf16* y, float* mean, float* rstd, const bf16* a,
-                                       const bf16* b1, const bf16* w, const bf16* b, std::int64_t N,
-                                       std::int64_t C, cudaStream_t stream) {
+// Both forwards (kResidual: s = a + b1 is written and normalised; without it s and b1 are null,
+// and null passes the alignment check).
+template <bool kResidual>
+cudaError_t launch_layernorm_forward(bf16* s, bf16* y, float* mean, float* rstd, const bf16* a,
+                                     const bf16* b1, const bf16* w, const bf16* b, std::int64_t N,
+                                     std::int64_t C, cudaStream_t stream) {
   if (C > kMaxLayerNormChannels) return cudaErrorInvalidValue;
   if (C % 8 == 0 && aligned16_all({s, y, a, b1, w, b}))
     return dispatch_packs(C, [&]<int kPacks>() {
-      layernorm_forward_vec_kernel<true, kPacks><<<blocks_for(N, 8), 256, 0, stream>>>(
+      layernorm_forward_vec_kernel<kResidual, kPacks><<<blocks_for(N, 8), 256, 0, stream>>>(
           s, y, mean, rstd, a, b1, w, b, N, static_cast<int>(C));
       return cudaSuccess;
     });
   return dispatch_per_lane(C, [&]<int kPerLane>() {
-    layernorm_forward_kernel<true, kPerLane><<<blocks_for(N, 8), 256, 0, stream>>>(
+    layernorm_forward_kernel<kResidual, kPerLane><<<blocks_for(N, 8), 256, 0, stream>>>(
         s, y, mean, rstd, a, b1, w, b, N, static_cast<int>(C));
     return cudaSuccess;
   });
+}
+
+}  // namespace
+
+cudaError_t layernorm_forward(bf16* y, float* mean, float* rstd, const bf16* x, const bf16* w,
+                              const bf16* b, std::int64_t N, std::int64_t C, cudaStream_t stream) {
+  return launch_layernorm_forward<false>(nullptr, y, mean, rstd, x, nullptr, w, b, N, C, stream);
+}
+cudaError_t residual_layernorm_forward(bf16* s, bf16* y, float* mean, float* rstd, const bf16* a,
+                                       const bf16* b1, const bf16* w, const bf16* b, std::int64_t N,
+                                       std::int64_t C, cudaStream_t stream) {
+  return launch_layernorm_forward<true>(s, y, mean, rstd, a, b1, w, b, N, C, stream);
 }
 cudaError_t layernorm_backward(bf16* dx, float* dw, float* db, const bf16* dy, const bf16* x,
                                const bf16* w, const float* mean, const float* rstd, std::int64_t N,
