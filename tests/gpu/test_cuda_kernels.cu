@@ -223,6 +223,13 @@ void test_elementwise(std::mt19937& rng, std::int64_t n) {
   cpu::gelu_backward(dx.data(), dy.data(), x.data(), n);
   gpu::gelu_backward(ddx->p, ddy->p, dxv->p, n, nullptr);
   compare("gelu_backward (+=)" + shape, download(*ddx), dx, kBf16Rtol, kBf16Atol);
+  // a gradient's first write (the executor skips its zero): dx = dy * gelu'(x), whatever dx held
+  Vec dx_first(n, 0.0f);
+  cpu::gelu_backward(dx_first.data(), dy.data(), x.data(), n);
+  std::unique_ptr<Dev<bf16>> ddx_stale(upload_bf16(Vec(n, 7.0f)));
+  gpu::gelu_backward_overwrite(ddx_stale->p, ddy->p, dxv->p, n, nullptr);
+  compare("gelu_backward_overwrite (=)" + shape, download(*ddx_stale), dx_first, kBf16Rtol,
+          kBf16Atol);
 
   Vec r(n);
   cpu::residual_forward(r.data(), x.data(), dy.data(), n);
