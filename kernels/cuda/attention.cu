@@ -12,9 +12,11 @@
 // compute dK, dV and blocks walking query blocks compute dQ, so every gradient element has exactly
 // one writer: no atomics, deterministic, and the read-add-write of the bf16 dqkv implements the
 // accumulate convention. (tensor_core_atomic, FA2's schedule with dQ atomics, is kept to compare.)
-#include "attention_variants.cuh"
+#include "attention.cuh"
 
 #include <cmath>
+
+#include "kernel_primitives.cuh"
 
 namespace topolaunch::kernels::cuda {
 
@@ -26,9 +28,7 @@ constexpr AttentionKernel kDefaultBackwardKernel = AttentionKernel::tensor_core;
 
 namespace {
 
-using bf16 = __nv_bfloat16;
 constexpr int kHeadSize = 64;
-constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
 
 // Shapes every kernel here can index with 32-bit tile counts and 64-bit element offsets.
@@ -264,25 +264,17 @@ constexpr int kTile = 64;
 constexpr int kTileElems = kTile * kHeadSize;
 constexpr int kBwdWarps = 4;  // 16 rows each: 64-row blocks in both backward roles
 
-__device__ __forceinline__ std::uint32_t smem_u32(const void* p) {
-  return static_cast<std::uint32_t>(__cvta_generic_to_shared(p));
-}
 // Byte offset of (row r, 16-byte chunk c) in a swizzled 64-column tile.
 __device__ __forceinline__ std::uint32_t swz(int r, int c) {
   return static_cast<std::uint32_t>((r * kHeadSize + ((c ^ (r & 7)) << 3)) * 2);
 }
-__device__ __forceinline__ void cp_async16(std::uint32_t dst, const void* src, bool valid) {
-  // src-size 0 zero-fills the 16 bytes (rows past the end of the sequence)
+// cp.async of 16 bytes, or (valid false: src-size 0) 16 zero bytes for rows past the end of the
+// sequence.
+__device__ __forceinline__ void cp_async16_zero_fill(std::uint32_t dst, const void* src,
+                                                     bool valid) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
                "r"(valid ? 16 : 0)
                : "memory");
-}
-__device__ __forceinline__ void cp_async_commit() {
-  asm volatile("cp.async.commit_group;\n" ::: "memory");
-}
-template <int N>
-__device__ __forceinline__ void cp_async_wait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
 }
 __device__ __forceinline__ void ldmatrix_x4(std::uint32_t (&r)[4], std::uint32_t addr) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
@@ -303,16 +295,6 @@ __device__ __forceinline__ void mma16816(float (&d)[4], const std::uint32_t (&a)
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
-// 2^x on the SFU (ex2.approx.ftz: flushes denormal results to 0, exp2(-inf) = 0).
-__device__ __forceinline__ float fast_exp2(float x) {
-  float r;
-  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(r) : "f"(x));
-  return r;
-}
-__device__ __forceinline__ std::uint32_t pack_bf16(float lo, float hi) {
-  const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
-  return *reinterpret_cast<const std::uint32_t*>(&v);
-}
 
 // Copies rows [r0, r0 + kRows) of a (T, 64) bf16 view with row stride ld (elements) into a
 // swizzled tile; rows at or past T are zero-filled.
@@ -326,7 +308,8 @@ __device__ __forceinline__ void load_tile(bf16* tile, const bf16* g, std::int64_
     const int e = static_cast<int>(threadIdx.x) + i * kThreads;
     const int r = e >> 3, c = e & 7, gr = r0 + r;
     const bool ok = gr < T;
-    cp_async16(base + swz(r, c), g + static_cast<std::int64_t>(ok ? gr : 0) * ld + c * 8, ok);
+    cp_async16_zero_fill(base + swz(r, c), g + static_cast<std::int64_t>(ok ? gr : 0) * ld + c * 8,
+                         ok);
   }
 }
 // Copies n floats g[r0 .. r0+64) (4 bytes each, any alignment) into s; past T: zero.
@@ -377,9 +360,10 @@ __device__ __forceinline__ void mma_pb(float (&acc)[8][4], const float (&p)[8][4
   for (int dn = 0; dn < 4; ++dn) off[dn] = static_cast<std::uint32_t>(((2 * dn + h) ^ lr) << 4);
 #pragma unroll
   for (int j = 0; j < 4; ++j) {
-    const std::uint32_t a[4] = {
-        pack_bf16(p[2 * j][0], p[2 * j][1]), pack_bf16(p[2 * j][2], p[2 * j][3]),
-        pack_bf16(p[2 * j + 1][0], p[2 * j + 1][1]), pack_bf16(p[2 * j + 1][2], p[2 * j + 1][3])};
+    const std::uint32_t a[4] = {pack_bf16x2(p[2 * j][0], p[2 * j][1]),
+                                pack_bf16x2(p[2 * j][2], p[2 * j][3]),
+                                pack_bf16x2(p[2 * j + 1][0], p[2 * j + 1][1]),
+                                pack_bf16x2(p[2 * j + 1][2], p[2 * j + 1][3])};
 #pragma unroll
     for (int dn = 0; dn < 4; ++dn) {
       std::uint32_t r[4];
@@ -431,10 +415,10 @@ __device__ __forceinline__ void mma_pb_mt(float (&acc)[kMT][8][4], const float (
     std::uint32_t a[kMT][4];
 #pragma unroll
     for (int mt = 0; mt < kMT; ++mt) {
-      a[mt][0] = pack_bf16(p[mt][2 * j][0], p[mt][2 * j][1]);
-      a[mt][1] = pack_bf16(p[mt][2 * j][2], p[mt][2 * j][3]);
-      a[mt][2] = pack_bf16(p[mt][2 * j + 1][0], p[mt][2 * j + 1][1]);
-      a[mt][3] = pack_bf16(p[mt][2 * j + 1][2], p[mt][2 * j + 1][3]);
+      a[mt][0] = pack_bf16x2(p[mt][2 * j][0], p[mt][2 * j][1]);
+      a[mt][1] = pack_bf16x2(p[mt][2 * j][2], p[mt][2 * j][3]);
+      a[mt][2] = pack_bf16x2(p[mt][2 * j + 1][0], p[mt][2 * j + 1][1]);
+      a[mt][3] = pack_bf16x2(p[mt][2 * j + 1][2], p[mt][2 * j + 1][3]);
     }
 #pragma unroll
     for (int dn = 0; dn < 4; ++dn) {
@@ -528,7 +512,7 @@ __global__ void __launch_bounds__(kWarps * 32, kMinBlocks)
           mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], 1));
           mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], 2));
           // key 0 is in tile 0 for every row, so mx is finite from the first tile on
-          corr[i] = fast_exp2(m[mt][i] - mx[i]);
+          corr[i] = exp2_approx(m[mt][i] - mx[i]);
           m[mt][i] = mx[i];
           l[mt][i] *= corr[i];
         }
@@ -536,7 +520,7 @@ __global__ void __launch_bounds__(kWarps * 32, kMinBlocks)
         for (int n = 0; n < 8; ++n) {
 #pragma unroll
           for (int e = 0; e < 4; ++e) {
-            const float p = fast_exp2(s[mt][n][e] - m[mt][e >> 1]);
+            const float p = exp2_approx(s[mt][n][e] - m[mt][e >> 1]);
             s[mt][n][e] = p;
             l[mt][e >> 1] += p;
             o[mt][n][e] *= corr[e >> 1];
@@ -690,7 +674,7 @@ __device__ __forceinline__ void tc_dkdv(const BwdArgs& a, int bh, int kb, bf16 (
         for (int e = 0; e < 4; ++e) {
           const int qc = n * 8 + 2 * tig + (e & 1), q = i0 + qc;
           const float lse2 = stat[st][0][qc] * kLog2e, dl = stat[st][1][qc];
-          float p = fast_exp2(s[n][e] * a.scale_log2 - lse2);
+          float p = exp2_approx(s[n][e] * a.scale_log2 - lse2);
           if ((diag && q < kr0 + (e >> 1) * 8) || (tail && q >= T)) p = 0.f;
           s[n][e] = p;
           dp[n][e] = p * (dp[n][e] - dl);
@@ -765,7 +749,7 @@ __device__ __forceinline__ void tc_dq(const BwdArgs& a, int bh, int qb, bf16 (*s
       for (int n = 0; n < 8; ++n) {
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
-          float p = fast_exp2(s[n][e] * a.scale_log2 - lse2[e >> 1]);
+          float p = exp2_approx(s[n][e] * a.scale_log2 - lse2[e >> 1]);
           if (diag && k0 + n * 8 + 2 * tig + (e & 1) > r0 + (e >> 1) * 8) p = 0.f;
           dp[n][e] = p * (dp[n][e] - dl[e >> 1]);
         }
@@ -860,7 +844,7 @@ __global__ void __launch_bounds__(kBwdWarps * 32, 3)
       for (int e = 0; e < 4; ++e) {
         const int qc = n * 8 + 2 * tig + (e & 1), q = i0 + qc;
         const float lse2 = stat[st][0][qc] * kLog2e, dl = stat[st][1][qc];
-        float p = fast_exp2(s[n][e] * a.scale_log2 - lse2);
+        float p = exp2_approx(s[n][e] * a.scale_log2 - lse2);
         if ((diag && q < kr0 + (e >> 1) * 8) || (tail && q >= T)) p = 0.f;
         s[n][e] = p;
         dp[n][e] = p * (dp[n][e] - dl);
@@ -875,7 +859,7 @@ __global__ void __launch_bounds__(kBwdWarps * 32, 3)
       for (int n = 0; n < 8; ++n)
 #pragma unroll
         for (int i = 0; i < 2; ++i) {
-          const std::uint32_t v = pack_bf16(dp[n][2 * i], dp[n][2 * i + 1]);
+          const std::uint32_t v = pack_bf16x2(dp[n][2 * i], dp[n][2 * i + 1]);
           asm volatile(
               "st.shared.b32 [%0], %1;\n" ::"r"(ds_base + swz(warp * 16 + g + 8 * i, n) + 4 * tig),
               "r"(v)
@@ -944,8 +928,6 @@ __global__ void tc_dq_add_kernel(bf16* dqkv, const float* dq_acc, std::int64_t c
   }
   *p = v;
 }
-
-bool aligned16(const void* p) { return (reinterpret_cast<std::uintptr_t>(p) & 15u) == 0; }
 
 template <int kWarps, int kMT, int kMinBlocks>
 cudaError_t tc_forward(bf16* y, float* lse, const bf16* qkv, std::int64_t B, std::int64_t T,

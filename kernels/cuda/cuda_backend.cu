@@ -9,10 +9,16 @@
 #include <cstring>
 #include <set>
 
+#include "adamw.cuh"
 #include "attention.cuh"
 #include "attention_cudnn.cuh"
-#include "cuda_kernels.cuh"
+#include "classifier.cuh"
+#include "encoder.cuh"
+#include "gelu.cuh"
+#include "kernel_primitives.cuh"
+#include "layernorm.cuh"
 #include "matmul.cuh"
+#include "residual.cuh"
 #include "topolaunch/kernels/rng.hpp"
 
 namespace topolaunch::kernels::cuda {
@@ -107,50 +113,6 @@ char dtype_letter(DType d) {
       return 'd';
   }
   return '?';
-}
-
-// dx = dy * gelu'(x): gelu_backward for a gradient whose first contribution this is (the plan's
-// zero before it is skipped: one write instead of a memset and a read-modify-write).
-__device__ __forceinline__ float gelu_derivative(float v) {
-  constexpr float kScale = 0.7978845608028654f;  // sqrt(2/pi), as kernels.cu
-  const float u = kScale * (v + 0.044715f * v * v * v);
-  const float th = tanhf(u);
-  const float du = kScale * (1.0f + 3.0f * 0.044715f * v * v);
-  return 0.5f * (1.0f + th) + 0.5f * v * (1.0f - th * th) * du;
-}
-struct alignas(16) Bf16x8 {
-  __nv_bfloat16 v[8];
-};
-__global__ void gelu_backward_overwrite8(Bf16x8* dx, const Bf16x8* dy, const Bf16x8* x,
-                                         std::int64_t n8) {
-  const std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x;
-  if (i >= n8) return;
-  const Bf16x8 xi = x[i], di = dy[i];
-  Bf16x8 out;
-#pragma unroll
-  for (int k = 0; k < 8; ++k)
-    out.v[k] =
-        __float2bfloat16(__bfloat162float(di.v[k]) * gelu_derivative(__bfloat162float(xi.v[k])));
-  dx[i] = out;
-}
-__global__ void gelu_backward_overwrite1(__nv_bfloat16* dx, const __nv_bfloat16* dy,
-                                         const __nv_bfloat16* x, std::int64_t n) {
-  const std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x;
-  if (i < n)
-    dx[i] = __float2bfloat16(__bfloat162float(dy[i]) * gelu_derivative(__bfloat162float(x[i])));
-}
-void gelu_backward_overwrite(__nv_bfloat16* dx, const __nv_bfloat16* dy, const __nv_bfloat16* x,
-                             std::int64_t n, cudaStream_t stream) {
-  auto aligned = [](const void* p) { return (reinterpret_cast<std::uintptr_t>(p) & 15u) == 0; };
-  if (n % 8 == 0 && aligned(dx) && aligned(dy) && aligned(x)) {
-    const std::int64_t n8 = n / 8;
-    gelu_backward_overwrite8<<<static_cast<unsigned>((n8 + 255) / 256), 256, 0, stream>>>(
-        reinterpret_cast<Bf16x8*>(dx), reinterpret_cast<const Bf16x8*>(dy),
-        reinterpret_cast<const Bf16x8*>(x), n8);
-  } else {
-    gelu_backward_overwrite1<<<static_cast<unsigned>((n + 255) / 256), 256, 0, stream>>>(dx, dy, x,
-                                                                                         n);
-  }
 }
 
 // Deterministic values in [-scale, scale) for the attention timing's operands (cuDNN and our

@@ -1,7 +1,10 @@
+// The matmul ops of matmul.cuh: the cuBLASLt GEMMs (Matmul) and the bias-gradient kernels; the
+// CUDA twin of kernels/cpu/matmul.hpp.
+#include "matmul.cuh"
+
 #include <algorithm>
 
-#include "cuda_kernels.cuh"
-#include "matmul.cuh"
+#include "kernel_primitives.cuh"
 
 namespace topolaunch::kernels::cuda {
 
@@ -478,6 +481,100 @@ cublasStatus_t Matmul::matmul_backward_dgelu(__nv_bfloat16* dpre, float* dw, flo
   c.epilogue = CUBLASLT_EPILOGUE_DGELU;
   c.aux = pre;
   return gemm(c, stream);
+}
+
+// ---- bias gradient: dbias += column sums of dy ---------------------------------------------
+namespace {
+
+// Column sums of dy (N,OC): block (32 x 8) covers 32 columns; each of the 8 row-groups strides
+// over rows, partials combined in shared memory, one atomicAdd per column per block.
+__global__ void bias_backward_kernel(float* dbias, const bf16* dy, std::int64_t N, std::int64_t OC,
+                                     std::int64_t rows_per_block) {
+  __shared__ float part[8][kWarp + 1];
+  const std::int64_t col = blockIdx.x * static_cast<std::int64_t>(kWarp) + threadIdx.x;
+  const std::int64_t r0 = blockIdx.y * rows_per_block;
+  const std::int64_t r1 = r0 + rows_per_block < N ? r0 + rows_per_block : N;
+  float acc = 0;
+  if (col < OC)
+    for (std::int64_t r = r0 + threadIdx.y; r < r1; r += 8)
+      acc += __bfloat162float(dy[r * OC + col]);
+  part[threadIdx.y][threadIdx.x] = acc;
+  __syncthreads();
+  if (threadIdx.y == 0 && col < OC) {
+    float s = 0;
+    for (int k = 0; k < 8; ++k) s += part[k][threadIdx.x];
+    atomicAdd(&dbias[col], s);
+  }
+}
+
+// The same with 16-byte loads: block (32, 8); thread x owns the 8 columns of pack
+// blockIdx.x * 32 + x, thread y the rows y, y + 8, ... of the block's row range; the 8 row
+// groups are summed in shared memory and each column gets one atomicAdd per block.
+__global__ void bias_backward_vec_kernel(float* dbias, const bf16* dy, std::int64_t N,
+                                         std::int64_t OC, std::int64_t rows_per_block) {
+  __shared__ float part[8][kWarp * 8 + 4];
+  const std::int64_t packs = OC / 8;
+  const std::int64_t p = blockIdx.x * static_cast<std::int64_t>(kWarp) + threadIdx.x;
+  const std::int64_t r0 = blockIdx.y * rows_per_block;
+  const std::int64_t r1 = r0 + rows_per_block < N ? r0 + rows_per_block : N;
+  float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  if (p < packs) {
+    std::int64_t r = r0 + threadIdx.y;
+    // two loads in flight per iteration
+    for (; r + 8 < r1; r += 16) {
+      const Pack8 d0 = load8(dy + r * OC + p * 8), d1 = load8(dy + (r + 8) * OC + p * 8);
+#pragma unroll
+      for (int j = 0; j < 8; ++j) acc[j] += __bfloat162float(d0.v[j]) + __bfloat162float(d1.v[j]);
+    }
+    if (r < r1) {
+      const Pack8 d0 = load8(dy + r * OC + p * 8);
+#pragma unroll
+      for (int j = 0; j < 8; ++j) acc[j] += __bfloat162float(d0.v[j]);
+    }
+  }
+#pragma unroll
+  for (int j = 0; j < 8; ++j) part[threadIdx.y][threadIdx.x * 8 + j] = acc[j];
+  __syncthreads();
+  // 256 threads sum the 256 columns of this block over the 8 row groups
+  const int t = threadIdx.y * kWarp + threadIdx.x;
+  const std::int64_t col = blockIdx.x * static_cast<std::int64_t>(kWarp) * 8 + t;
+  if (col < OC) {
+    float sum = 0;
+#pragma unroll
+    for (int k = 0; k < 8; ++k) sum += part[k][t];
+    atomicAdd(&dbias[col], sum);
+  }
+}
+
+// dbias += part (the fused bias gradient, written by cuBLASLt's BGRADB epilogue).
+__global__ void bias_grad_add_kernel(float* dbias, const float* part, std::int64_t OC) {
+  const std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x;
+  if (i < OC) dbias[i] += part[i];
+}
+
+}  // namespace
+
+void bias_backward(float* dbias, const bf16* dy, std::int64_t N, std::int64_t OC,
+                   cudaStream_t stream) {
+  if (OC % 8 == 0 && aligned16(dy)) {
+    // about 4 blocks per multiprocessor in all, each over a range of rows
+    const std::int64_t col_blocks = (OC / 8 + kWarp - 1) / kWarp;
+    const std::int64_t target_row_blocks =
+        std::max<std::int64_t>(1, (4 * multiprocessors() + col_blocks - 1) / col_blocks);
+    const std::int64_t rows_per_block =
+        std::max<std::int64_t>(16, (N + target_row_blocks - 1) / target_row_blocks);
+    const dim3 grid(static_cast<unsigned>(col_blocks), blocks_for(N, rows_per_block));
+    bias_backward_vec_kernel<<<grid, dim3(kWarp, 8), 0, stream>>>(dbias, dy, N, OC, rows_per_block);
+    return;
+  }
+  constexpr std::int64_t kRowsPerBlock = 256;
+  const dim3 grid(blocks_for(OC, kWarp), blocks_for(N, kRowsPerBlock));
+  bias_backward_kernel<<<grid, dim3(kWarp, 8), 0, stream>>>(dbias, dy, N, OC, kRowsPerBlock);
+}
+
+void bias_grad_add(float* dbias, const float* part, std::int64_t OC, cudaStream_t stream) {
+  if (OC <= 0) return;
+  bias_grad_add_kernel<<<blocks_for(OC, 256), 256, 0, stream>>>(dbias, part, OC);
 }
 
 }  // namespace topolaunch::kernels::cuda

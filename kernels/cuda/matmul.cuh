@@ -1,7 +1,8 @@
-// GEMMs of the matmul ops through cuBLASLt: bf16 inputs, fp32 accumulation, the forward bias
-// fused as an epilogue. Descriptors, layouts and the chosen algorithm are built once per shape
-// and cached (llm.c rebuilds them on every call); the workspace is allocated once, so the calls
-// can be captured in a CUDA Graph.
+// The matmul ops on the GPU, the CUDA twin of kernels/cpu/matmul.hpp (matmul.cu): GEMMs through
+// cuBLASLt (bf16 inputs, fp32 accumulation, the forward bias fused as an epilogue) and the
+// bias-gradient kernels. The GEMMs' descriptors, layouts and chosen algorithm are built once per
+// shape and cached (llm.c rebuilds them on every call); the workspace is allocated once, so the
+// calls can be captured in a CUDA Graph.
 //
 // Algorithm choice by measurement (autotune, on by default): at the first use of a GEMM key
 // (shape, layout, epilogue) on a stream that is not capturing, up to kTuneCandidates of
@@ -34,6 +35,12 @@
 #include <vector>
 
 namespace topolaunch::kernels::cuda {
+
+// dbias (OC) += sum over the N rows of dy (N,OC): the separate bias-gradient pass.
+void bias_backward(float* dbias, const __nv_bfloat16* dy, std::int64_t N, std::int64_t OC,
+                   cudaStream_t stream);
+// dbias (OC) += part (OC): the fused bias gradient (cuBLASLt's BGRADB writes part) accumulated.
+void bias_grad_add(float* dbias, const float* part, std::int64_t OC, cudaStream_t stream);
 
 // How the bias gradient of matmul_backward* is computed.
 enum class FusedBiasGrad : std::uint8_t {

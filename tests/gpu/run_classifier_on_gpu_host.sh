@@ -18,24 +18,28 @@ start=$SECONDS
   nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm --format=csv
   "$NVCC" --version | tail -1
 } | tee "$OUT/gpu.txt"
-timeout 120 "$NVCC" "${FLAGS[@]}" -Xptxas -v -c kernels/cuda/kernels.cu -o "$BUILD/kernels.o" \
-  > "$OUT/kernels_ptxas.log" 2>&1 &
-timeout 120 "$NVCC" "${FLAGS[@]}" -c kernels/cuda/matmul.cu -o "$BUILD/matmul.o" &
+timeout 120 "$NVCC" "${FLAGS[@]}" -Xptxas -v -c kernels/cuda/classifier.cu \
+  -o "$BUILD/classifier.o" > "$OUT/kernels_ptxas.log" 2>&1 &
+KERNEL_OBJS=("$BUILD/classifier.o")
+for op in adamw encoder gelu layernorm matmul residual; do
+  timeout 120 "$NVCC" "${FLAGS[@]}" -c "kernels/cuda/$op.cu" -o "$BUILD/$op.o" &
+  KERNEL_OBJS+=("$BUILD/$op.o")
+done
 timeout 120 "$NVCC" "${FLAGS[@]}" -c tests/gpu/test_cuda_kernels.cu -o "$BUILD/test.o" &
 timeout 120 "$NVCC" "${FLAGS[@]}" -c tests/bench/kernels/classifier_bench.cu \
   -o "$BUILD/classifier_bench.o" &
 timeout 120 "$NVCC" "${FLAGS[@]}" -c tests/bench/kernels/gpu_layer_bench.cu -o "$BUILD/bench.o" &
 wait
-"$NVCC" "${FLAGS[@]}" "$BUILD/test.o" "$BUILD/kernels.o" "$BUILD/matmul.o" -lcublasLt \
+"$NVCC" "${FLAGS[@]}" "$BUILD/test.o" "${KERNEL_OBJS[@]}" -lcublasLt \
   -o "$BUILD/test_cuda_kernels" || { echo "build of test_cuda_kernels failed"; tail -30 "$OUT/kernels_ptxas.log"; exit 3; }
-"$NVCC" "${FLAGS[@]}" "$BUILD/classifier_bench.o" "$BUILD/kernels.o" \
+"$NVCC" "${FLAGS[@]}" "$BUILD/classifier_bench.o" "$BUILD/classifier.o" \
   -o "$BUILD/classifier_bench" || { echo "build of classifier_bench failed"; exit 3; }
-"$NVCC" "${FLAGS[@]}" "$BUILD/bench.o" "$BUILD/kernels.o" "$BUILD/matmul.o" -lcublasLt \
+"$NVCC" "${FLAGS[@]}" "$BUILD/bench.o" "${KERNEL_OBJS[@]}" -lcublasLt \
   -o "$BUILD/gpu_layer_bench" || echo "build of gpu_layer_bench failed"
 echo "built in $((SECONDS - start)) s"
 grep -A2 "crossentropy_staged_kernelILb1ELb1E" "$OUT/kernels_ptxas.log" | grep -E "Used|spill"
 if command -v cuobjdump > /dev/null; then
-  cuobjdump --dump-sass "$BUILD/kernels.o" |
+  cuobjdump --dump-sass "$BUILD/classifier.o" |
     awk '/Function :/ {f = $3} /MUFU|LDGSTS|STG|BAR.SYNC|LDL|STL/ {
       split($0, a, /[ ;]+/); for (i in a) if (a[i] ~ /^(MUFU|LDGSTS|STG|BAR|LDL|STL)/) n[f " " a[i]]++ }
       END {for (k in n) if (k ~ /crossentropy/) print n[k], k}' | sort -k2 > "$OUT/classifier_sass_counts.txt"

@@ -16,16 +16,17 @@ OUT=${OUT:-build-gpu-exec/out}
 BUILD=build-gpu-exec
 mkdir -p "$BUILD" "$OUT"
 NVCC=${NVCC:-/usr/local/cuda/bin/nvcc}
-# USE_COMMITTED_KERNELS=1: build the other engineers' kernels (kernels.cu, matmul.*, attention.*,
-# cuda_kernels.cuh) as committed (carried in .carry-cudaexec/committed/), not their working copies,
-# so that measured figures belong to a commit.
+# USE_COMMITTED_KERNELS=1: build the op files below and their headers as committed (carried in
+# .carry-cudaexec/committed/), not their working copies, so that measured figures belong to a
+# commit.
+KERNEL_OPS=(adamw attention classifier encoder gelu layernorm matmul residual)
 CUDA_SRC=kernels/cuda
 if [ "${USE_COMMITTED_KERNELS:-0}" = 1 ]; then
   CUDA_SRC=$BUILD/src
   rm -rf "$CUDA_SRC"; mkdir -p "$CUDA_SRC"
   cp kernels/cuda/*.cu kernels/cuda/*.cuh kernels/cuda/*.hpp kernels/cuda/*.cpp "$CUDA_SRC"/
   cp .carry-cudaexec/committed/* "$CUDA_SRC"/
-  echo "using the committed kernels.cu, matmul.*, attention.*, cuda_kernels.cuh"
+  echo "using the committed op files (${KERNEL_OPS[*]})"
 fi
 INC=(-Ikernels/include -Itopology/include -Ikernels/cpu -I"$CUDA_SRC")
 NVFLAGS=(-std=c++20 -O2 -gencode=arch=compute_90,code=sm_90 --extended-lambda "${INC[@]}")
@@ -43,8 +44,13 @@ build() {
     objs+=("$o")
     g++ "${CXXFLAGS[@]}" -c "$src" -o "$o" & pids+=($!)
   done
-  for src in "$CUDA_SRC"/kernels.cu "$CUDA_SRC"/matmul.cu "$CUDA_SRC"/attention.cu \
-             "$CUDA_SRC"/cuda_backend.cu tests/gpu/test_cuda_backend.cu \
+  local kernel_srcs=() kernel_objs=() committed_objs=()
+  for f in "${KERNEL_OPS[@]}"; do
+    kernel_srcs+=("$CUDA_SRC/$f.cu")
+    kernel_objs+=("$BUILD/$f.cu.o")
+    committed_objs+=("$BUILD/committed/$f.cu.o")
+  done
+  for src in "${kernel_srcs[@]}" "$CUDA_SRC"/cuda_backend.cu tests/gpu/test_cuda_backend.cu \
              tests/bench/kernels/gpt2_bench.cu; do
     "$NVCC" "${NVFLAGS[@]}" -c "$src" -o "$BUILD/$(basename "$src").o" & pids+=($!)
   done
@@ -54,7 +60,7 @@ build() {
   # the committed kernels too (test mode: a second test binary, to tell our failures from theirs)
   mkdir -p "$BUILD/committed"
   if [ "$MODE" = test ]; then
-    for f in kernels matmul attention; do
+    for f in "${KERNEL_OPS[@]}"; do
       [ -f ".carry-cudaexec/committed/$f.cu" ] &&
         { "$NVCC" "${NVFLAGS[@]}" -c ".carry-cudaexec/committed/$f.cu" -o "$BUILD/committed/$f.cu.o" & }
     done
@@ -69,29 +75,30 @@ build() {
     CUDNN_FLAGS=(); CUDNN_LIBS=()
     "$NVCC" "${NVFLAGS[@]}" -c kernels/cuda/attention_cudnn.cu -o "$BUILD/attention_cudnn.cu.o"
   fi
-  # kernels.cu, matmul.cu and attention.cu are other engineers' work in progress: when the working
-  # copy does not build, fall back to the committed version carried in .carry-cudaexec/committed/.
-  for f in kernels matmul attention; do
+  # an op file whose working copy does not build: the committed version carried in
+  # .carry-cudaexec/committed/.
+  for f in "${KERNEL_OPS[@]}"; do
     if [ ! -f "$BUILD/$f.cu.o" ] && [ -f ".carry-cudaexec/committed/$f.cu" ]; then
       echo "$f.cu did not build; using the committed version (.carry-cudaexec/committed/$f.cu)"
       "$NVCC" "${NVFLAGS[@]}" -c ".carry-cudaexec/committed/$f.cu" -o "$BUILD/$f.cu.o"
     fi
   done
   rc=0
-  for o in "${objs[@]}" "$BUILD"/{kernels,matmul,attention,attention_cudnn,cuda_backend,test_cuda_backend,gpt2_bench}.cu.o; do
+  for o in "${objs[@]}" "${kernel_objs[@]}" "$BUILD"/{attention_cudnn,cuda_backend,test_cuda_backend,gpt2_bench}.cu.o; do
     [ -f "$o" ] || { echo "missing $o"; rc=1; }
   done
   [ $rc -eq 0 ] || { echo "compile failed"; return 3; }
-  local lib=("${objs[@]}" "$BUILD/kernels.cu.o" "$BUILD/matmul.cu.o" "$BUILD/attention.cu.o"
-             "$BUILD/attention_cudnn.cu.o" "$BUILD/cuda_backend.cu.o")
+  local lib=("${objs[@]}" "${kernel_objs[@]}" "$BUILD/attention_cudnn.cu.o"
+             "$BUILD/cuda_backend.cu.o")
   "$NVCC" "${NVFLAGS[@]}" -Xcompiler=-fopenmp "$BUILD/test_cuda_backend.cu.o" "${lib[@]}" \
     -lcublasLt "${CUDNN_LIBS[@]}" -lgomp -o "$BUILD/test_cuda_backend" || return 3
   "$NVCC" "${NVFLAGS[@]}" -Xcompiler=-fopenmp "$BUILD/gpt2_bench.cu.o" "${lib[@]}" \
     -lcublasLt "${CUDNN_LIBS[@]}" -lgomp -o "$BUILD/gpt2_bench" || return 3
-  if [ "$MODE" = test ] && [ -f "$BUILD/committed/kernels.cu.o" ] && [ -f "$BUILD/committed/matmul.cu.o" ] &&
-     [ -f "$BUILD/committed/attention.cu.o" ]; then
+  local have_committed=1
+  for o in "${committed_objs[@]}"; do [ -f "$o" ] || have_committed=0; done
+  if [ "$MODE" = test ] && [ "$have_committed" = 1 ]; then
     "$NVCC" "${NVFLAGS[@]}" -Xcompiler=-fopenmp "$BUILD/test_cuda_backend.cu.o" "${objs[@]}" \
-      "$BUILD"/committed/{kernels,matmul,attention}.cu.o "$BUILD/attention_cudnn.cu.o" \
+      "${committed_objs[@]}" "$BUILD/attention_cudnn.cu.o" \
       "$BUILD/cuda_backend.cu.o" -lcublasLt "${CUDNN_LIBS[@]}" -lgomp \
       -o "$BUILD/test_cuda_backend_committed"
   fi
@@ -114,9 +121,11 @@ build_worker() {
   for p in "${pids[@]}"; do wait "$p" || rc=1; done
   [ $rc -eq 0 ] || { echo "worker compile failed"; return 3; }
   local zlib=$(ls /usr/lib/x86_64-linux-gnu/libz.so* 2>/dev/null | head -1)
-  "$NVCC" "${NVFLAGS[@]}" -Xcompiler=-fopenmp "${objs[@]}" "$BUILD/kernels.cu.o" \
-    "$BUILD/matmul.cu.o" "$BUILD/attention.cu.o" "$BUILD/attention_cudnn.cu.o" \
-    "$BUILD/cuda_backend.cu.o" -lcublasLt "${CUDNN_LIBS[@]}" -lgomp $zlib -o "$BUILD/topolaunch-worker"
+  local kernel_objs=()
+  for f in "${KERNEL_OPS[@]}"; do kernel_objs+=("$BUILD/$f.cu.o"); done
+  "$NVCC" "${NVFLAGS[@]}" -Xcompiler=-fopenmp "${objs[@]}" "${kernel_objs[@]}" \
+    "$BUILD/attention_cudnn.cu.o" "$BUILD/cuda_backend.cu.o" -lcublasLt "${CUDNN_LIBS[@]}" -lgomp \
+    $zlib -o "$BUILD/topolaunch-worker"
 }
 
 # Rebuild only when a source changed since the last build on this machine (a warm machine keeps
@@ -144,7 +153,7 @@ if [ "$MODE" = test ]; then
   test_rc=${PIPESTATUS[0]}
   echo "test_cuda_backend exit status: $test_rc"
   if [ "$test_rc" -ne 0 ] && [ -x "$BUILD/test_cuda_backend_committed" ]; then
-    echo "=== test_cuda_backend with the COMMITTED kernels.cu/matmul.cu/attention.cu"
+    echo "=== test_cuda_backend with the COMMITTED op files"
     mkdir -p "$OUT/committed"
     "$BUILD/test_cuda_backend_committed" "$OUT/committed" 2>&1 | tee "$OUT/test_cuda_backend_committed.log"
     echo "test_cuda_backend (committed kernels) exit status: ${PIPESTATUS[0]}"

@@ -67,8 +67,8 @@ if [ "$RUN_DDP" = 1 ]; then
     rm -f "$BUILD/obj/DDP_FAILED"
     throttle() { while [ "$(jobs -rp | wc -l)" -ge "${JOBS:-$(nproc)}" ]; do sleep 0.2; done; }
     cudnn_src=(); [ ! -f "$SRC/kernels/cuda/attention_cudnn.cu" ] || cudnn_src=(kernels/cuda/attention_cudnn.cu)
-    for src in kernels/cuda/attention.cu kernels/cuda/cuda_backend.cu kernels/cuda/kernels.cu \
-               kernels/cuda/matmul.cu tests/bench/kernels/ddp_gpt2_bench.cu "${cudnn_src[@]}"; do
+    for src in kernels/cuda/{adamw,attention,classifier,encoder,gelu,layernorm,matmul,residual}.cu \
+               kernels/cuda/cuda_backend.cu tests/bench/kernels/ddp_gpt2_bench.cu "${cudnn_src[@]}"; do
       throttle
       extra=(); [ "$src" != kernels/cuda/attention_cudnn.cu ] || extra=("${CUDNN_FLAGS[@]}")
       "$NVCC" "${NVFLAGS[@]}" "${extra[@]}" -c "$SRC/$src" -o "$BUILD/obj/ddp_$(basename "$src").o" \

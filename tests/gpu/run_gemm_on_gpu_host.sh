@@ -19,14 +19,17 @@ nvidia-smi --query-gpu=index,name,driver_version,clocks.sm,clocks.max.sm --forma
 gpus=$(nvidia-smi -L | wc -l)
 
 {
-  "$NVCC" "${FLAGS[@]}" -c kernels/cuda/kernels.cu -o "$BUILD/kernels.o" &
-  "$NVCC" "${FLAGS[@]}" -c kernels/cuda/matmul.cu -o "$BUILD/matmul.o" &
+  KERNEL_OBJS=()
+  for op in adamw classifier encoder gelu layernorm matmul residual; do
+    "$NVCC" "${FLAGS[@]}" -c "kernels/cuda/$op.cu" -o "$BUILD/$op.o" &
+    KERNEL_OBJS+=("$BUILD/$op.o")
+  done
   "$NVCC" "${FLAGS[@]}" -c tests/gpu/test_cuda_kernels.cu -o "$BUILD/test.o" &
   "$NVCC" "${FLAGS[@]}" -c tests/bench/kernels/gemm_bench.cu -o "$BUILD/gemm_bench.o" &
   wait
-  "$NVCC" "${FLAGS[@]}" "$BUILD/test.o" "$BUILD/kernels.o" "$BUILD/matmul.o" -lcublasLt \
+  "$NVCC" "${FLAGS[@]}" "$BUILD/test.o" "${KERNEL_OBJS[@]}" -lcublasLt \
     -o "$BUILD/test_cuda_kernels"
-  "$NVCC" "${FLAGS[@]}" "$BUILD/gemm_bench.o" "$BUILD/kernels.o" "$BUILD/matmul.o" -lcublasLt \
+  "$NVCC" "${FLAGS[@]}" "$BUILD/gemm_bench.o" "$BUILD/matmul.o" -lcublasLt \
     -o "$BUILD/gemm_bench"
 } > "$OUT/build.log" 2>&1
 if [ ! -x "$BUILD/test_cuda_kernels" ] || [ ! -x "$BUILD/gemm_bench" ]; then

@@ -165,7 +165,7 @@ LAUNCHER_ONLY=${LAUNCHER_ONLY:-0}
 CUDNN_LIBS=()
 if [ "$LAUNCHER_ONLY" != 1 ]; then
   source "$(dirname "${BASH_SOURCE[0]}")/cudnn_flags.sh"
-  for f in cuda_backend kernels matmul attention; do
+  for f in cuda_backend adamw attention classifier encoder gelu layernorm matmul residual; do
     [ -f "$SRC/kernels/cuda/$f.cu" ] && nv "cu_$f" "$SRC/kernels/cuda/$f.cu"
   done
   [ -f "$SRC/kernels/cuda/attention_cudnn.cu" ] &&

@@ -80,8 +80,11 @@ if [ "${ONLY:-}" = attention ]; then
   run_attention
   exit $?
 fi
-"$NVCC" "${FLAGS[@]}" -c kernels/cuda/kernels.cu -o "$BUILD/kernels.o" &
-"$NVCC" "${FLAGS[@]}" -c kernels/cuda/matmul.cu -o "$BUILD/matmul.o" &
+KERNEL_OBJS=()  # the op files of kernels/cuda but attention (run_attention builds it)
+for op in adamw classifier encoder gelu layernorm matmul residual; do
+  "$NVCC" "${FLAGS[@]}" -c "kernels/cuda/$op.cu" -o "$BUILD/$op.o" &
+  KERNEL_OBJS+=("$BUILD/$op.o")
+done
 "$NVCC" "${FLAGS[@]}" -c tests/gpu/test_cuda_kernels.cu -o "$BUILD/test.o" 2>/dev/null &
 "$NVCC" "${FLAGS[@]}" -c tests/bench/kernels/gpu_layer_bench.cu -o "$BUILD/bench.o" &
 # BASELINE_DIR=dir with an earlier kernels.cu and matmul.cu (and the headers they were written
@@ -95,9 +98,9 @@ if [ -n "${BASELINE_DIR:-}" ]; then
     -c tests/bench/kernels/gpu_layer_bench.cu -o "$BUILD/bench_before.o" &
 fi
 wait
-"$NVCC" "${FLAGS[@]}" "$BUILD/test.o" "$BUILD/kernels.o" "$BUILD/matmul.o" -lcublasLt \
+"$NVCC" "${FLAGS[@]}" "$BUILD/test.o" "${KERNEL_OBJS[@]}" -lcublasLt \
   -o "$BUILD/test_cuda_kernels" || { echo "build of test_cuda_kernels failed"; exit 3; }
-"$NVCC" "${FLAGS[@]}" "$BUILD/bench.o" "$BUILD/kernels.o" "$BUILD/matmul.o" -lcublasLt \
+"$NVCC" "${FLAGS[@]}" "$BUILD/bench.o" "${KERNEL_OBJS[@]}" -lcublasLt \
   -o "$BUILD/gpu_layer_bench" || { echo "build of gpu_layer_bench failed"; exit 3; }
 if [ -n "${BASELINE_DIR:-}" ]; then
   "$NVCC" "${FLAGS[@]}" "$BUILD/bench_before.o" "$BUILD/kernels_before.o" "$BUILD/matmul_before.o" \

@@ -41,8 +41,9 @@ NVFLAGS=(-std=c++20 -O2 -gencode=arch=compute_90,code=sm_90 --extended-lambda -I
 
 MODE=build OUT=$LOGS/exec tests/gpu/run_cuda_backend.sh > "$LOGS/build_exec.log" 2>&1 &
 b_exec=$!
-"$NVCC" "${NVFLAGS[@]}" -Xcompiler -fopenmp tests/gpu/test_cuda_kernels.cu kernels/cuda/kernels.cu \
-  kernels/cuda/matmul.cu -lcublasLt -o build-gpu-opt/test_cuda_kernels > "$LOGS/build_tk.log" 2>&1 &
+"$NVCC" "${NVFLAGS[@]}" -Xcompiler -fopenmp tests/gpu/test_cuda_kernels.cu \
+  kernels/cuda/{adamw,classifier,encoder,gelu,layernorm,matmul,residual}.cu -lcublasLt \
+  -o build-gpu-opt/test_cuda_kernels > "$LOGS/build_tk.log" 2>&1 &
 b_tk=$!
 DDP_ONLY=1 RUN_TORCH_DDP=0 GPU_LOCK=$LOCK OUT=$LOGS/ddp tests/gpu/run_ddp_on_gpu_host.sh \
   > "$LOGS/ddp.log" 2>&1 &

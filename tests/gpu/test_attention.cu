@@ -24,9 +24,9 @@
 #include <string>
 #include <vector>
 
+#include "attention.cuh"
 #include "attention.hpp"
 #include "attention_cudnn.cuh"
-#include "attention_variants.cuh"
 
 namespace cpu = topolaunch::kernels::cpu;
 namespace gpu = topolaunch::kernels::cuda;

@@ -3,10 +3,7 @@
 // host, which has neither toml++ nor our Catch2 version. Inputs are rounded to bf16 before the CPU
 // twin sees them, so both sides start from identical values and the differences measure only the
 // kernels' own rounding (bf16 outputs) and summation order (atomics, GEMM tiling).
-//
-//   nvcc -std=c++20 -O2 -gencode=arch=compute_90,code=sm_90 --extended-lambda -Xcompiler -fopenmp
-//        -Ikernels/include -Itopology/include -Ikernels/cpu -Ikernels/cuda
-//        tests/gpu/test_cuda_kernels.cu kernels/cuda/kernels.cu kernels/cuda/matmul.cu -lcublasLt
+// Built by meson with -Dcuda=enabled (suite gpu).
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -20,14 +17,19 @@
 #include <string>
 #include <vector>
 
+#include "adamw.cuh"
 #include "adamw.hpp"
+#include "classifier.cuh"
 #include "classifier.hpp"
-#include "cuda_kernels.cuh"
+#include "encoder.cuh"
 #include "encoder.hpp"
+#include "gelu.cuh"
 #include "gelu.hpp"
+#include "layernorm.cuh"
 #include "layernorm.hpp"
 #include "matmul.cuh"
 #include "matmul.hpp"
+#include "residual.cuh"
 #include "residual.hpp"
 #include "topolaunch/kernels/graph.hpp"
 
@@ -221,6 +223,13 @@ void test_elementwise(std::mt19937& rng, std::int64_t n) {
   cpu::gelu_backward(dx.data(), dy.data(), x.data(), n);
   gpu::gelu_backward(ddx->p, ddy->p, dxv->p, n, nullptr);
   compare("gelu_backward (+=)" + shape, download(*ddx), dx, kBf16Rtol, kBf16Atol);
+  // a gradient's first write (the executor skips its zero): dx = dy * gelu'(x), whatever dx held
+  Vec dx_first(n, 0.0f);
+  cpu::gelu_backward(dx_first.data(), dy.data(), x.data(), n);
+  std::unique_ptr<Dev<bf16>> ddx_stale(upload_bf16(Vec(n, 7.0f)));
+  gpu::gelu_backward_overwrite(ddx_stale->p, ddy->p, dxv->p, n, nullptr);
+  compare("gelu_backward_overwrite (=)" + shape, download(*ddx_stale), dx_first, kBf16Rtol,
+          kBf16Atol);
 
   Vec r(n);
   cpu::residual_forward(r.data(), x.data(), dy.data(), n);

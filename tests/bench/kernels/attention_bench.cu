@@ -15,8 +15,8 @@
 #include <string>
 #include <vector>
 
+#include "attention.cuh"
 #include "attention_cudnn.cuh"
-#include "attention_variants.cuh"
 #include "bench_cuda.cuh"
 
 namespace gpu = topolaunch::kernels::cuda;

@@ -16,7 +16,7 @@
 #include <vector>
 
 #include "bench_cuda.cuh"
-#include "cuda_kernels.cuh"
+#include "classifier.cuh"
 
 namespace gpu = topolaunch::kernels::cuda;
 using bf16 = __nv_bfloat16;

@@ -20,7 +20,6 @@
 #include <string>
 #include <vector>
 
-#include "cuda_kernels.cuh"
 #include "matmul.cuh"
 
 namespace gpu = topolaunch::kernels::cuda;

@@ -22,9 +22,14 @@
 #include <utility>
 #include <vector>
 
+#include "adamw.cuh"
 #include "bench_cuda.cuh"
-#include "cuda_kernels.cuh"
+#include "classifier.cuh"
+#include "encoder.cuh"
+#include "gelu.cuh"
+#include "layernorm.cuh"
 #include "matmul.cuh"
+#include "residual.cuh"
 #include "topolaunch/kernels/graph.hpp"
 
 namespace gpu = topolaunch::kernels::cuda;

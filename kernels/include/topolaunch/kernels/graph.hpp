@@ -107,7 +107,7 @@ struct Precision {
   DType param = DType::f32;       // parameters (and their gradients unless fp32_statistics)
   DType activation = DType::f32;  // activations and activation gradients
   DType optimizer = DType::f32;   // AdamW m, v (and the master copy when param is not fp32)
-  // Mixed precision as the CUDA kernels take it (kernels/cuda/cuda_kernels.cuh): parameter
+  // Mixed precision as the CUDA kernels take it (kernels/cuda/kernel_primitives.cuh): parameter
   // gradients, LayerNorm mean/rstd, attention log-sum-exp and scratch, and the per-token losses
   // are fp32 while parameters and activations stay in their (bf16) types. Off: all of these take
   // the param/activation type (the fp32 and f64 CPU graphs).
