@@ -221,12 +221,14 @@ def main():
               "/usr/bin/topodiag --version: %s" % (proc.stdout + proc.stderr).strip())
 
         # --- one srun --topolaunch=auto job with the installed plugin --------------------------
-        t0 = time.monotonic()
         scripts = os.path.join(source, "tests", "slurm")
         with contextlib.ExitStack() as held:
             if os.environ.get("TOPOLAUNCH_SLURM_LOCK"):
+                t0 = time.monotonic()
                 lock = held.enter_context(open(os.environ["TOPOLAUNCH_SLURM_LOCK"], "a"))
                 fcntl.flock(lock, fcntl.LOCK_EX)
+                timings["slurm_lock_wait_s"] = round(time.monotonic() - t0, 1)
+            t0 = time.monotonic()
             proc = subprocess.run([sys.executable, os.path.join(scripts, "slurm_suite.py"),
                                    "--plugin", plugin, "--oracle", args.oracle, "--scripts",
                                    scripts, "-k", "map_two_dgx_h100"], capture_output=True,
