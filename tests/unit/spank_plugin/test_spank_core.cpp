@@ -1,6 +1,11 @@
 #include <cstdlib>
+#include <fstream>
+#include <iterator>
+#include <map>
 #include <memory>
+#include <regex>
 #include <set>
+#include <sstream>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -39,6 +44,55 @@ TEST_CASE("plugstack args: unknown, repeated, bare and malformed keys are errors
   auto unknown = parse_site_config({"colour=red"});
   REQUIRE_FALSE(unknown.ok());
   CHECK(unknown.error().message.find("unknown key 'colour'") != std::string::npos);
+}
+
+// The snippet meson installs into plugstack.conf.d (spank_plugin/topolaunch.conf.in, configured).
+TEST_CASE("plugstack.conf.d snippet: the example line parses and every site option is documented") {
+  const char* path = std::getenv("TOPOLAUNCH_PLUGSTACK_SNIPPET");
+  REQUIRE(path != nullptr);
+  std::ifstream file(path);
+  REQUIRE(file.good());
+  std::vector<std::string> example;
+  std::map<std::string, std::string> documented;  // key -> its values as the comment spells them
+  const std::regex option_line(R"(^#   ([a-z_]+)=(\S+).*)");
+  for (std::string line; std::getline(file, line);) {
+    std::smatch m;
+    if (std::regex_match(line, m, option_line)) documented[m[1]] = m[2];
+    if (line.rfind("#required ", 0) == 0 || line.rfind("#optional ", 0) == 0) {
+      std::istringstream words(line.substr(1));
+      example.assign(std::istream_iterator<std::string>(words), {});
+    }
+  }
+  REQUIRE(example.size() >= 2);
+  CHECK(example[1].front() == '/');
+  CHECK(example[1].ends_with("/spank_topolaunch.so"));
+  const std::vector<std::string> args(example.begin() + 2, example.end());
+  auto site = parse_site_config({args.begin(), args.end()});
+  CHECK(site.ok());
+
+  // The keys the parser knows are the ones its error for an unknown key lists.
+  auto unknown = parse_site_config({"no_such_key=1"});
+  REQUIRE_FALSE(unknown.ok());
+  const std::string& message = unknown.error().message;
+  const auto known_at = message.find("(known: ");
+  REQUIRE(known_at != std::string::npos);
+  std::set<std::string> known;
+  std::istringstream list(message.substr(known_at + 8, message.find(')', known_at) - known_at - 8));
+  for (std::string key; std::getline(list >> std::ws, key, ',');) known.insert(key);
+  std::set<std::string> documented_keys;
+  for (const auto& [key, values] : documented) documented_keys.insert(key);
+  CHECK(documented_keys == known);
+
+  // Every value the comment offers for a key with a fixed set of values is accepted.
+  for (const auto& [key, values] : documented) {
+    if (values.find('|') == std::string::npos) continue;
+    std::istringstream alternatives(values);
+    for (std::string value; std::getline(alternatives, value, '|');) {
+      const std::string arg = key + "=" + value;
+      INFO(arg);
+      CHECK(parse_site_config({std::string_view(arg)}).ok());
+    }
+  }
 }
 
 TEST_CASE("user values: modes, policies, paths and NIC lists are validated") {

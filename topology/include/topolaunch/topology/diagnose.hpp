@@ -19,7 +19,7 @@ std::string_view to_string(Severity severity);
 
 // One observation, printed as one line:
 //   TOPO401 error GPU3 0000:61:00.0: PCIe width expected x16, found x8
-// `code` is stable across releases (the table is in topodiag(1) and kFindingCodes below);
+// `code` is stable across releases (the table is in topodiag(8) and kFindingCodes below);
 // `expected`/`actual` are empty when the check has no baseline value.
 struct Finding {
   std::string code;
