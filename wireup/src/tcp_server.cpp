@@ -263,7 +263,10 @@ class TcpStoreServer::Impl {
           if (revents & (POLLIN | POLLHUP | POLLERR)) read_from(ids[i]);
         }
       }
-      if (lanes_) lanes_->run_completions();
+      if (lanes_) {
+        lanes_->run_completions();
+        flush_sets();
+      }
       expire(Clock::now());
       sweep();
       publish_stats();
@@ -429,8 +432,8 @@ class TcpStoreServer::Impl {
         auto value = in.bytes();
         if (!key || !value || !in.at_end()) return malformed();
         if (key->size() > kMaxKeyBytes) return reply_error(conn, "key longer than 4096 bytes");
+        if (relay_) pending_sets_.emplace_back(*key, Bytes(value->begin(), value->end()));
         store(*key, Bytes(value->begin(), value->end()));
-        if (relay_) return pass_upstream(id, conn, op, payload, 0);
         return send(conn, Op::ok, {});
       }
       case Op::set_many: {
@@ -445,8 +448,8 @@ class TcpStoreServer::Impl {
           entries.emplace_back(std::move(*key), Bytes(value->begin(), value->end()));
         }
         if (!in.at_end()) return malformed();
+        if (relay_) pending_sets_.insert(pending_sets_.end(), entries.begin(), entries.end());
         for (auto& [key, value] : entries) store(key, std::move(value));
-        if (relay_) return pass_upstream(id, conn, op, payload, 0);
         return send(conn, Op::ok, {});
       }
       case Op::get: {
@@ -601,17 +604,27 @@ class TcpStoreServer::Impl {
     proto::PayloadWriter request;
     request.u64(generation).u64(fence.timeout_ms).u64(fence.arrived.size());
     for (int rank : fence.arrived) request.u64(static_cast<std::uint64_t>(rank));
-    lanes_->submit(Op::fence_group, request.take(), milliseconds(fence.timeout_ms),
-                   [this, generation](Result<Bytes> result) {
-                     auto it = fences_.find(generation);
-                     if (it == fences_.end()) return;
-                     // A fence ends what was read before it: fetched copies may be stale now.
-                     if (result) drop_fetched();
-                     auto reply =
-                         result ? shared_frame(Op::ok, {}) : error_frame(result.error().message);
-                     release(it->second.waiters, Waiting::fence, reply);
-                     fences_.erase(it);
-                   });
+    after_sets(
+        [this, generation, request = request.take(), timeout_ms = fence.timeout_ms]() mutable {
+          if (!set_failure_.empty()) {
+            auto it = fences_.find(generation);
+            if (it == fences_.end()) return;
+            release(it->second.waiters, Waiting::fence, error_frame(set_failure_));
+            fences_.erase(it);
+            return;
+          }
+          lanes_->submit(Op::fence_group, std::move(request), milliseconds(timeout_ms),
+                         [this, generation](Result<Bytes> result) {
+                           auto it = fences_.find(generation);
+                           if (it == fences_.end()) return;
+                           // A fence ends what was read before it: fetched copies may be stale now.
+                           if (result) drop_fetched();
+                           auto reply = result ? shared_frame(Op::ok, {})
+                                               : error_frame(result.error().message);
+                           release(it->second.waiters, Waiting::fence, reply);
+                           fences_.erase(it);
+                         });
+        });
   }
 
   // --- allgather ---------------------------------------------------------------------------------
@@ -670,17 +683,26 @@ class TcpStoreServer::Impl {
     for (const auto& [rank, value] : gather.values)
       request.u64(static_cast<std::uint64_t>(rank)).bytes(value);
     gather.values.clear();
-    lanes_->submit(Op::allgather_group, request.take(), milliseconds(gather.timeout_ms),
-                   [this, name](Result<Bytes> result) {
-                     auto it = gathers_.find(name);
-                     if (it == gathers_.end()) return;
-                     if (result) drop_fetched();
-                     // The upstream's reply is already what every waiter needs: pass it on.
-                     auto reply = result ? shared_frame(Op::ok, *result)
-                                         : error_frame(result.error().message);
-                     release(it->second.waiters, Waiting::allgather, reply);
-                     gathers_.erase(it);
-                   });
+    after_sets([this, name, request = request.take(), timeout_ms = gather.timeout_ms]() mutable {
+      if (!set_failure_.empty()) {
+        auto it = gathers_.find(name);
+        if (it == gathers_.end()) return;
+        release(it->second.waiters, Waiting::allgather, error_frame(set_failure_));
+        gathers_.erase(it);
+        return;
+      }
+      lanes_->submit(Op::allgather_group, std::move(request), milliseconds(timeout_ms),
+                     [this, name](Result<Bytes> result) {
+                       auto it = gathers_.find(name);
+                       if (it == gathers_.end()) return;
+                       if (result) drop_fetched();
+                       // The upstream's reply is already what every waiter needs: pass it on.
+                       auto reply = result ? shared_frame(Op::ok, *result)
+                                           : error_frame(result.error().message);
+                       release(it->second.waiters, Waiting::allgather, reply);
+                       gathers_.erase(it);
+                     });
+    });
   }
 
   // The waiters of a collective that went upstream wait for the upstream's answer, not for their
@@ -708,14 +730,48 @@ class TcpStoreServer::Impl {
   void pass_upstream(ConnId id, Conn& conn, Op op, std::span<const std::byte> payload,
                      std::uint64_t blocking_ms) {
     conn.waiting = Waiting::upstream;
-    lanes_->submit(op, Bytes(payload.begin(), payload.end()), milliseconds(blocking_ms),
-                   [this, id](Result<Bytes> result) {
-                     auto it = conns_.find(id);
-                     if (it == conns_.end() || it->second.waiting != Waiting::upstream) return;
-                     it->second.waiting = Waiting::none;
-                     if (result) return send(it->second, Op::ok, *result);
-                     reply_error(it->second, result.error().message);
-                   });
+    after_sets(
+        [this, id, op, request = Bytes(payload.begin(), payload.end()), blocking_ms]() mutable {
+          lanes_->submit(op, std::move(request), milliseconds(blocking_ms),
+                         [this, id](Result<Bytes> result) {
+                           auto it = conns_.find(id);
+                           if (it == conns_.end() || it->second.waiting != Waiting::upstream)
+                             return;
+                           it->second.waiting = Waiting::none;
+                           if (result) return send(it->second, Op::ok, *result);
+                           reply_error(it->second, result.error().message);
+                         });
+        });
+  }
+
+  // Runs submit once every value set here so far has reached upstream: a collective or a counter
+  // goes up behind the values it may depend on. Values are acknowledged here at once and go up
+  // together, one set_many per round of the serving loop (flush_sets).
+  void after_sets(std::function<void()> submit) { behind_sets_.push_back(std::move(submit)); }
+
+  void flush_sets() {
+    if (!pending_sets_.empty()) {
+      proto::PayloadWriter batch;
+      std::size_t bytes = 8;
+      for (const auto& [key, value] : pending_sets_) bytes += 8 + key.size() + value.size();
+      batch.reserve(bytes);
+      batch.u64(pending_sets_.size());
+      for (const auto& [key, value] : pending_sets_) batch.str(key).bytes(value);
+      pending_sets_.clear();
+      ++sets_in_flight_;
+      lanes_->submit(Op::set_many, batch.take(), milliseconds(0), [this](Result<Bytes> result) {
+        --sets_in_flight_;
+        if (!result && set_failure_.empty()) {
+          set_failure_ = "values set through this relay did not reach the upstream store: " +
+                         result.error().message;
+          options_.log(set_failure_);
+        }
+      });
+    }
+    if (sets_in_flight_ > 0) return;
+    auto ready = std::move(behind_sets_);
+    behind_sets_.clear();
+    for (auto& submit : ready) submit();
   }
 
   // Asks upstream for keys not here, unless already asked; the answers are kept (fetched_)
@@ -1040,6 +1096,10 @@ class TcpStoreServer::Impl {
   std::size_t stored_bytes_ = 0;
   std::set<std::string> fetched_;    // relay: keys held as copies of upstream values
   std::set<std::string> in_flight_;  // relay: keys asked upstream, no answer yet
+  std::vector<std::pair<std::string, Bytes>> pending_sets_;  // relay: set here, not yet upstream
+  int sets_in_flight_ = 0;                                   // relay: set_many batches upstream
+  std::vector<std::function<void()>> behind_sets_;           // relay: waiting for them
+  std::string set_failure_;  // relay: why values set here did not reach upstream
   std::unordered_map<std::string, std::set<ConnId>> key_waiters_;
   std::map<std::uint64_t, Fence> fences_;
   std::map<std::string, Gather> gathers_;

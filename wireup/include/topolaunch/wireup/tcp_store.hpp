@@ -42,10 +42,11 @@ struct TcpStoreServerOptions {
 
   // Relay mode (upstream non-empty): forward to the store at `upstream` (host:port) as one
   // participant standing for `ranks`, the ranks below this relay (its own clients' and its child
-  // relays'). Values set here are forwarded before the set is acknowledged; values read are
-  // fetched once and kept until the next fence; a fence or allgather goes upstream once, when
-  // all of `ranks` have arrived. A relay needs world_size. Without upstream: the root, whose
-  // participants are ranks 0..world_size-1.
+  // relays'). Values set here are acknowledged at once (readers here see them at once) and go
+  // upstream together, one set_many per round of the relay's loop, always ahead of a fence,
+  // allgather, add or remove that follows them; values read are fetched once and kept until the
+  // next fence; a fence or allgather goes upstream once, when all of `ranks` have arrived. A relay
+  // needs world_size. Without upstream: the root, whose participants are ranks 0..world_size-1.
   std::string upstream;
   std::vector<int> ranks;
   std::size_t upstream_lanes = 8;  // requests in flight upstream at most (one connection each)
