@@ -233,3 +233,40 @@ TEST_CASE("identical nodes exchange records only, no descriptions and no second 
   CHECK(table.bytes_read < 3 * 3 * 400);  // three records of a few hundred bytes, each read 3x
   for (const auto& [key, value] : table.values) CHECK(key.rfind("topo/", 0) != 0);
 }
+
+TEST_CASE("a node record carries the allocation through, and a bad record names its agent") {
+  tt::NodeInput node;
+  node.name = "gpu-node-17";
+  node.topology = fixture("dgx-a100");
+  node.allocation.all_gpus = false;
+  node.allocation.gpus = {1, 3};
+  node.allocation.gpu_uuids = {"GPU-aaaa", "GPU-bbbb"};
+  node.allocation.cuda_naming = tt::CudaNaming::visible_index;
+  node.allocation.cpus = tt::CpuSet::parse_list("0-15,128-143");
+  const std::string fingerprint = topology_fingerprint(tt::to_json(*node.topology));
+  auto record = node_record(node, fingerprint, "10.1.2.3:40001");
+  REQUIRE(record.ok());
+  CHECK(record->size() < 120);  // against ~22 KB for the node's whole description
+
+  // Through a one-agent exchange the record comes back as it went in.
+  SharedTable table(1);
+  TableStore store(table, 0);
+  auto x = exchange_node_inputs(store, node, "10.1.2.3:40001", std::chrono::seconds(1));
+  REQUIRE(x.ok());
+  CHECK(x->nodes[0].name == "gpu-node-17");
+  CHECK(x->nodes[0].allocation == node.allocation);
+  CHECK(x->relay_addresses[0] == "10.1.2.3:40001");
+
+  // A record that is not one: the error names the agent.
+  SharedTable bad_table(2);
+  TableStore good(bad_table, 0), broken(bad_table, 1);
+  std::thread other([&] { (void)broken.allgather("node", {}, std::chrono::seconds(1)); });
+  auto failed = exchange_node_inputs(good, node, "", std::chrono::seconds(1));
+  other.join();
+  REQUIRE_FALSE(failed.ok());
+  CHECK(has(failed.error().message, "agent 1: bad node record"));
+
+  tt::NodeInput tabbed = node;
+  tabbed.name = "bad\tname";
+  CHECK_FALSE(node_record(tabbed, fingerprint, "").ok());
+}

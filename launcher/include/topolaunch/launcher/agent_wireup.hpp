@@ -5,7 +5,7 @@
 //
 // Traffic that does not grow as N^2 (docs/wireup-cost-model.md has the figures):
 //   - The agents exchange small records (name, allocation, topology fingerprint, relay address;
-//     ~250 bytes) with one allgather; each distinct topology (~22 KB for a DGX H100) travels once,
+//     ~70 bytes) with one allgather; each distinct topology (~22 KB for a DGX H100) travels once,
 //     put by the first agent that has it and read by those that do not.
 //   - Every agent hosts a relay of the workers' TCP store; the relays form a tree of fan-out 16
 //     over the agents (agent i's upstream is agent (i-1)/16's relay, agent 0's the root store that
@@ -57,9 +57,10 @@ bool is_agent_pmi_variable(std::string_view name);
 // 32 hex digits of SHA-256 over a topology's JSON: equal for identical node descriptions.
 std::string topology_fingerprint(std::string_view topology_json);
 
-// One agent's record in the exchange.
-std::string node_record_json(const topology::NodeInput& node, std::string_view fingerprint,
-                             std::string_view relay_address);
+// One agent's record in the exchange: tab-separated text (version, name, fingerprint, relay,
+// allocation). A field that holds a tab or newline cannot travel (Slurm node names never do).
+Result<std::string> node_record(const topology::NodeInput& node, std::string_view fingerprint,
+                                std::string_view relay_address);
 
 struct AgentExchange {
   // By agent rank (the store's rank); nodes with one fingerprint share one NodeTopology object.
