@@ -257,15 +257,32 @@ std::string description_key(const std::string& fingerprint, int owner) {
 
 }  // namespace
 
+Result<NodeDescription> describe_node(const topology::NodeInput& node,
+                                      std::string_view relay_address) {
+  NodeDescription out;
+  out.node = node;
+  out.topology_json = topology::to_json(*node.topology);
+  out.fingerprint = topology_fingerprint(out.topology_json);
+  auto record = node_record(node, out.fingerprint, relay_address);
+  if (!record) return record.error();
+  out.record = std::move(*record);
+  return out;
+}
+
 Result<AgentExchange> exchange_node_inputs(wireup::KvStore& store, const topology::NodeInput& mine,
                                            std::string_view relay_address,
                                            wireup::milliseconds timeout) {
-  const std::string my_json = topology::to_json(*mine.topology);
-  const std::string my_fingerprint = topology_fingerprint(my_json);
-  auto record = node_record(mine, my_fingerprint, relay_address);
-  if (!record) return record.error();
-  auto gathered =
-      store.allgather("node", std::as_bytes(std::span(record->data(), record->size())), timeout);
+  auto described = describe_node(mine, relay_address);
+  if (!described) return described.error();
+  return exchange_node_inputs(store, *described, timeout);
+}
+
+Result<AgentExchange> exchange_node_inputs(wireup::KvStore& store, const NodeDescription& me,
+                                           wireup::milliseconds timeout) {
+  const std::string& my_json = me.topology_json;
+  const std::string& my_fingerprint = me.fingerprint;
+  auto gathered = store.allgather(
+      "node", std::as_bytes(std::span(me.record.data(), me.record.size())), timeout);
   if (!gathered) return gathered.error();
   const int agents = store.size();
   if (static_cast<int>(gathered->size()) != agents) {
@@ -283,7 +300,7 @@ Result<AgentExchange> exchange_node_inputs(wireup::KvStore& store, const topolog
     records.push_back(std::move(*parsed));
   }
   std::map<std::string, std::shared_ptr<const topology::NodeTopology>> topologies;
-  topologies[my_fingerprint] = mine.topology;
+  topologies[my_fingerprint] = me.node.topology;
   if (owner.size() > 1) {
     // Every agent knows the same owners: only they put, once per distinct description.
     if (owner.at(my_fingerprint) == store.rank()) {

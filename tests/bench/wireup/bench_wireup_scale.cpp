@@ -10,9 +10,10 @@
 // per worker (a job's processes are threads here; every byte still goes through loopback TCP).
 // Nodes cycle through the slurm fixtures (DGX H100, DGX H100, 8x L40S, DGX A100: three types).
 //
-// tree: each agent runs connect_agents_tree + exchange_node_inputs (the launcher's code: records
-//       + distinct topologies through a fan-out-16 relay tree), then start_workers_relay; workers
-//       connect to their node's relay.
+// tree: each agent runs connect_agents_tree + describe_node (both before the clock starts: what
+//       an agent does once it knows its topology) + exchange_node_inputs (the launcher's code:
+//       records + distinct topologies through a fan-out-16 relay tree), then start_workers_relay;
+//       workers connect to their node's relay.
 // flat: each agent connects to the root as its rank, puts its whole node record (topology JSON
 //       inside, the format the agents used before) and reads every other agent's one get at a
 //       time, parsing each (--parse-records: "auto" parses up to 256 agents; beyond, the parse
@@ -240,7 +241,8 @@ json stats_json(const tw::TcpStoreServer::Stats& s) {
           {"stored_bytes", s.stored_bytes}};
 }
 
-// --- one child: the nodes [first, last) -----------------------------------------------------------
+// --- one child: the nodes [first, last)
+// -----------------------------------------------------------
 int run_block(const Options& o, int first, int last, const std::string& agents_root,
               const std::string& workers_root, Channel parent) {
   const auto types = load_types(o.fixtures);
@@ -313,7 +315,7 @@ int run_block(const Options& o, int first, int last, const std::string& agents_r
       auto blobs = kv.get_many(keys, timeout);
       if (!blobs) return blobs.error().message;
       return (*blobs)[0] == tw::Bytes(256, std::byte(next & 0xff)) ? std::string()
-                                                                    : std::string("bad blob");
+                                                                   : std::string("bad blob");
     });
     if (!t3) return workers_done.count_down();
     step(gather, *t3, [&]() -> std::string {
@@ -354,8 +356,7 @@ int run_block(const Options& o, int first, int last, const std::string& agents_r
     }
     const std::string relay = "127.0.0.1:" + std::to_string(listener->port());
     if (tree) {
-      auto joined =
-          tl::connect_agents_tree(agents_root, kSecret, me, agents, "127.0.0.1", timeout);
+      auto joined = tl::connect_agents_tree(agents_root, kSecret, me, agents, "127.0.0.1", timeout);
       if (!joined) {
         setup.fail(joined.error().message);
         return abandon(true);
@@ -363,19 +364,28 @@ int run_block(const Options& o, int first, int last, const std::string& agents_r
       agent_relays[index] = std::move(joined->relay);
       store = std::move(joined->store);
     } else {
-      auto client = tw::TcpStoreClient::connect({agents_root, kSecret, me, agents, timeout, timeout});
+      auto client =
+          tw::TcpStoreClient::connect({agents_root, kSecret, me, agents, timeout, timeout});
       if (!client) {
         setup.fail(client.error().message);
         return abandon(true);
       }
       store = std::move(*client);
     }
+    // An agent describes its node (serialises its topology) once it has discovered it, before
+    // it takes part in the exchange: that is local work, not the exchange's.
+    auto described = tl::describe_node(node, relay);
+    if (!described) {
+      setup.fail(described.error().message);
+      return abandon(true);
+    }
+    const std::string flat = tree ? std::string() : flat_record(node);
     setup.record(t_setup, now_s());
     agents_ready.count_down();
     agents_go.wait();
     const double t0 = now_s();
     if (tree) {
-      auto x = tl::exchange_node_inputs(*store, node, relay, timeout);
+      auto x = tl::exchange_node_inputs(*store, *described, timeout);
       if (!x) {
         exchange.fail(x.error().message);
         exchanged.count_down();
@@ -393,8 +403,7 @@ int run_block(const Options& o, int first, int last, const std::string& agents_r
         exchanged.count_down();
         abandon(false);
       };
-      if (auto s = store->put(tw::rank_key("node", me), flat_record(node)); !s)
-        return failed(s.error().message);
+      if (auto s = store->put(tw::rank_key("node", me), flat); !s) return failed(s.error().message);
       if (auto s = store->fence(timeout); !s) return failed(s.error().message);
       for (int a = 0; a < agents; ++a) {
         auto text = store->get_string(tw::rank_key("node", a), timeout);
@@ -455,7 +464,8 @@ int run_block(const Options& o, int first, int last, const std::string& agents_r
   }
   map_ready.count_down();
   workers_ready.wait();
-  parent.send({{"ready", "workers"}, {"exchange", exchange.to_json()},
+  parent.send({{"ready", "workers"},
+               {"exchange", exchange.to_json()},
                {"records_parsed", records_parsed.load()}});
   if (parent.receive().value("go", "") != "workers") std::_Exit(1);
   workers_go.open();
@@ -547,8 +557,8 @@ int run(const Options& o) {
       close(up[0]);
       { auto drop = std::move(*agents_listener); }
       { auto drop = std::move(*workers_listener); }
-      std::_Exit(run_block(o, first, last, agents_address, workers_address,
-                           Channel(down[0], up[1])));
+      std::_Exit(
+          run_block(o, first, last, agents_address, workers_address, Channel(down[0], up[1])));
     }
     close(down[0]);
     close(up[1]);
@@ -634,7 +644,8 @@ int run(const Options& o) {
   agents_line["root_store"] = delta(agents_before, agents_after);
   const std::uint64_t agents_root_bytes = (agents_after.bytes_in - agents_before.bytes_in) +
                                           (agents_after.bytes_out - agents_before.bytes_out);
-  agents_line["node0_relay_bytes_below"] = node0_agents.relay_bytes_in + node0_agents.relay_bytes_out;
+  agents_line["node0_relay_bytes_below"] =
+      node0_agents.relay_bytes_in + node0_agents.relay_bytes_out;
   agents_line["bytes_through_node0"] =
       agents_root_bytes + node0_agents.relay_bytes_in + node0_agents.relay_bytes_out;
   agents_line["relays_all"] = stats_json(agent_relays);
@@ -794,14 +805,22 @@ int main(int argc, char** argv) {
       }
       return argv[++i];
     };
-    if (a == "--fixtures") o.fixtures = next();
-    else if (a == "--agents") o.agents = std::stoi(next());
-    else if (a == "--ranks-per-node") o.ranks_per_node = std::stoi(next());
-    else if (a == "--processes") o.processes = std::stoi(next());
-    else if (a == "--design") o.design = next();
-    else if (a == "--parse-records") o.parse_records = next();
-    else if (a == "--timeout-s") o.timeout_s = std::stoi(next());
-    else if (a == "--parts") parts = true;
+    if (a == "--fixtures")
+      o.fixtures = next();
+    else if (a == "--agents")
+      o.agents = std::stoi(next());
+    else if (a == "--ranks-per-node")
+      o.ranks_per_node = std::stoi(next());
+    else if (a == "--processes")
+      o.processes = std::stoi(next());
+    else if (a == "--design")
+      o.design = next();
+    else if (a == "--parse-records")
+      o.parse_records = next();
+    else if (a == "--timeout-s")
+      o.timeout_s = std::stoi(next());
+    else if (a == "--parts")
+      parts = true;
     else {
       std::fprintf(stderr, "bench_wireup_scale: unknown argument %s (see the header)\n", a.c_str());
       return 2;
