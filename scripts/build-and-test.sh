@@ -1,7 +1,7 @@
 #!/bin/sh
 # Builds topolaunch from scratch in ./build-ci and runs the CI suites: unit, integration, slurm,
-# rdma, fault, package. Prints 'N passed, N failed' at the end; exits non-zero on any failure or
-# if no test ran.
+# scale, rdma, fault, package. Prints 'N passed, N failed' at the end; exits non-zero on any
+# failure or if no test ran.
 set -eu
 cd "$(dirname "$0")/.."
 build=${BUILD_DIR:-build-ci}
@@ -10,7 +10,8 @@ meson setup "$build" --buildtype=debugoptimized -Dbench=true >/dev/null
 ninja -C "$build" -j"$(nproc)"
 status=0
 meson test -C "$build" --no-rebuild --print-errorlogs \
-  --suite unit --suite integration --suite slurm --suite rdma --suite fault --suite package ||
+  --suite unit --suite integration --suite slurm --suite scale --suite rdma --suite fault \
+  --suite package || status=$?
   status=$?
 python3 - "$build/meson-logs/testlog.json" <<'PY'
 import json, sys

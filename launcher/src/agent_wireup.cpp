@@ -1,10 +1,16 @@
-// Choosing the agents' wireup backend; see agent_wireup.hpp.
+// Choosing the agents' wireup backend, their exchange and the relay tree; see agent_wireup.hpp.
 #include "topolaunch/launcher/agent_wireup.hpp"
 
 #include <fmt/format.h>
+#include <openssl/evp.h>
 
 #include <algorithm>
+#include <charconv>
+#include <map>
+#include <set>
 #include <sstream>
+
+#include "topolaunch/topology/serialize.hpp"
 
 namespace topolaunch::launcher {
 namespace {
@@ -130,6 +136,305 @@ std::string_view backend_name(wireup::Backend backend) {
 bool is_agent_pmi_variable(std::string_view name) {
   if (name.rfind("PMIX_MCA_", 0) == 0) return false;  // the user's PMIx tuning, for workers too
   return name.rfind("PMIX_", 0) == 0 || name.rfind("PMI_", 0) == 0;
+}
+
+std::string topology_fingerprint(std::string_view topology_json) {
+  unsigned char digest[EVP_MAX_MD_SIZE];
+  unsigned int length = 0;
+  EVP_Digest(topology_json.data(), topology_json.size(), digest, &length, EVP_sha256(), nullptr);
+  std::string hex;
+  for (unsigned int i = 0; i < 16 && i < length; ++i) hex += fmt::format("{:02x}", digest[i]);
+  return hex;
+}
+
+namespace {
+
+constexpr std::string_view kRecordVersion = "r1";
+
+template <class T>
+std::string joined_list(const std::vector<T>& items) {
+  std::string out;
+  for (const auto& item : items) out += fmt::format("{}{}", out.empty() ? "" : ",", item);
+  return out;
+}
+
+std::vector<std::string_view> split(std::string_view text, char separator) {
+  std::vector<std::string_view> parts;
+  std::size_t begin = 0;
+  for (;;) {
+    const auto end = text.find(separator, begin);
+    if (end == std::string_view::npos) {
+      parts.push_back(text.substr(begin));
+      return parts;
+    }
+    parts.push_back(text.substr(begin, end - begin));
+    begin = end + 1;
+  }
+}
+
+}  // namespace
+
+Result<std::string> node_record(const topology::NodeInput& node, std::string_view fingerprint,
+                                std::string_view relay_address) {
+  const std::string fields[] = {
+      std::string(kRecordVersion),
+      node.name,
+      std::string(fingerprint),
+      std::string(relay_address),
+      node.allocation.all_gpus ? "1" : "0",
+      joined_list(node.allocation.gpus),
+      joined_list(node.allocation.gpu_uuids),
+      std::to_string(static_cast<int>(node.allocation.cuda_naming)),
+      node.allocation.cpus ? node.allocation.cpus->to_list() : std::string("*")};
+  std::string out;
+  for (const auto& field : fields) {
+    if (field.find_first_of("\t\n") != std::string::npos) {
+      return make_error(fmt::format(
+          "node {}: '{}' cannot travel in the agents' exchange (it holds a tab or newline)",
+          node.name, field));
+    }
+    if (!out.empty()) out += '\t';
+    out += field;
+  }
+  return out;
+}
+
+namespace {
+
+struct NodeRecord {
+  topology::NodeInput node;  // without its topology
+  std::string fingerprint;
+  std::string relay;
+};
+
+// Parsed by every agent for every node (1,024 x 1,024 on one host in the simulation), so plain
+// text split on tabs: a JSON record took ~3 us, 3 s of CPU for the whole job there.
+Result<NodeRecord> parse_node_record(const wireup::Bytes& bytes, int agent) {
+  const std::string_view text(reinterpret_cast<const char*>(bytes.data()), bytes.size());
+  const auto fields = split(text, '\t');
+  auto bad = [&](std::string_view what) {
+    return make_error(fmt::format("agent {}: bad node record ({})", agent, what), 1);
+  };
+  auto number = [](std::string_view item, int& out) {
+    auto [end, ec] = std::from_chars(item.data(), item.data() + item.size(), out);
+    return ec == std::errc() && end == item.data() + item.size() && out >= 0;
+  };
+  if (fields.size() != 9 || fields[0] != kRecordVersion) return bad("not a record of this version");
+  NodeRecord record;
+  record.node.name = std::string(fields[1]);
+  record.fingerprint = std::string(fields[2]);
+  record.relay = std::string(fields[3]);
+  if (record.node.name.empty()) return bad("no node name");
+  if (record.fingerprint.size() != 32) return bad("no fingerprint");
+  if (fields[4] != "0" && fields[4] != "1") return bad("all_gpus");
+  record.node.allocation.all_gpus = fields[4] == "1";
+  if (!fields[5].empty()) {
+    for (auto item : split(fields[5], ',')) {
+      int gpu = -1;
+      if (!number(item, gpu)) return bad("gpus");
+      record.node.allocation.gpus.push_back(gpu);
+    }
+  }
+  if (!fields[6].empty()) {
+    for (auto item : split(fields[6], ',')) record.node.allocation.gpu_uuids.emplace_back(item);
+  }
+  int naming = -1;
+  if (!number(fields[7], naming) || naming > static_cast<int>(topology::CudaNaming::uuid))
+    return bad("cuda_naming");
+  record.node.allocation.cuda_naming = static_cast<topology::CudaNaming>(naming);
+  if (fields[8] != "*") {
+    auto cpus = topology::CpuSet::parse_list(fields[8]);
+    if (!cpus) return bad("cpus");
+    record.node.allocation.cpus = std::move(*cpus);
+  }
+  return record;
+}
+
+std::string description_key(const std::string& fingerprint, int owner) {
+  // Named after its owner: PMIx finds a "name/<rank>" key in that rank's data at once.
+  return wireup::rank_key("topo/" + fingerprint, owner);
+}
+
+}  // namespace
+
+Result<NodeDescription> describe_node(const topology::NodeInput& node,
+                                      std::string_view relay_address) {
+  NodeDescription out;
+  out.node = node;
+  out.topology_json = topology::to_json(*node.topology);
+  out.fingerprint = topology_fingerprint(out.topology_json);
+  auto record = node_record(node, out.fingerprint, relay_address);
+  if (!record) return record.error();
+  out.record = std::move(*record);
+  return out;
+}
+
+Result<AgentExchange> exchange_node_inputs(wireup::KvStore& store, const topology::NodeInput& mine,
+                                           std::string_view relay_address,
+                                           wireup::milliseconds timeout) {
+  auto described = describe_node(mine, relay_address);
+  if (!described) return described.error();
+  return exchange_node_inputs(store, *described, timeout);
+}
+
+Result<AgentExchange> exchange_node_inputs(wireup::KvStore& store, const NodeDescription& me,
+                                           wireup::milliseconds timeout) {
+  const std::string& my_json = me.topology_json;
+  const std::string& my_fingerprint = me.fingerprint;
+  auto gathered = store.allgather(
+      "node", std::as_bytes(std::span(me.record.data(), me.record.size())), timeout);
+  if (!gathered) return gathered.error();
+  const int agents = store.size();
+  if (static_cast<int>(gathered->size()) != agents) {
+    return make_error(fmt::format("the agents' exchange returned {} records for {} agents",
+                                  gathered->size(), agents),
+                      1);
+  }
+  std::vector<NodeRecord> records;
+  records.reserve(gathered->size());
+  std::map<std::string, int> owner;  // fingerprint -> the first agent that has it
+  for (int agent = 0; agent < agents; ++agent) {
+    auto parsed = parse_node_record((*gathered)[agent], agent);
+    if (!parsed) return parsed.error();
+    owner.emplace(parsed->fingerprint, agent);
+    records.push_back(std::move(*parsed));
+  }
+  std::map<std::string, std::shared_ptr<const topology::NodeTopology>> topologies;
+  topologies[my_fingerprint] = me.node.topology;
+  if (owner.size() > 1) {
+    // Every agent knows the same owners: only they put, once per distinct description.
+    if (owner.at(my_fingerprint) == store.rank()) {
+      if (auto s = store.put(description_key(my_fingerprint, store.rank()), my_json); !s)
+        return s.error();
+    }
+    if (auto s = store.fence(timeout); !s) return s.error();
+    std::vector<std::string> keys, wanted;
+    for (const auto& [fingerprint, agent] : owner) {
+      if (fingerprint == my_fingerprint) continue;
+      keys.push_back(description_key(fingerprint, agent));
+      wanted.push_back(fingerprint);
+    }
+    auto descriptions = store.get_many(keys, timeout);
+    if (!descriptions) return descriptions.error();
+    for (std::size_t i = 0; i < wanted.size(); ++i) {
+      const auto& bytes = (*descriptions)[i];
+      const std::string text(reinterpret_cast<const char*>(bytes.data()), bytes.size());
+      const int agent = owner.at(wanted[i]);
+      if (topology_fingerprint(text) != wanted[i]) {
+        return make_error(fmt::format("agent {}: its topology does not match its fingerprint {}",
+                                      agent, wanted[i]),
+                          1);
+      }
+      auto topo = topology::from_json(text, fmt::format("agent {}", agent));
+      if (!topo) return topo.error();
+      topologies[wanted[i]] = std::make_shared<const topology::NodeTopology>(std::move(*topo));
+    }
+  }
+  AgentExchange out;
+  out.distinct_topologies = owner.size();
+  for (auto& record : records) {
+    record.node.topology = topologies.at(record.fingerprint);
+    out.nodes.push_back(std::move(record.node));
+    out.relay_addresses.push_back(std::move(record.relay));
+  }
+  return out;
+}
+
+int relay_parent(int agent) { return agent <= 0 ? -1 : (agent - 1) / kRelayFanout; }
+
+std::vector<int> relay_subtree(int agent, int agents) {
+  std::vector<int> out;
+  std::vector<int> frontier{agent};
+  while (!frontier.empty()) {
+    std::vector<int> next;
+    for (int a : frontier) {
+      if (a >= agents) continue;
+      out.push_back(a);
+      for (int c = 1; c <= kRelayFanout; ++c) {
+        const long child = static_cast<long>(a) * kRelayFanout + c;
+        if (child < agents) next.push_back(static_cast<int>(child));
+      }
+    }
+    frontier = std::move(next);
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+Result<std::unique_ptr<wireup::TcpStoreServer>> start_workers_relay(
+    wireup::TcpStoreListener listener, const topology::RankMap& map, const AgentExchange& exchange,
+    int agent, const std::string& root_address, const std::string& secret) {
+  const int agents = static_cast<int>(exchange.nodes.size());
+  std::set<std::string> names;
+  for (int a : relay_subtree(agent, agents)) names.insert(exchange.nodes[a].name);
+  wireup::TcpStoreServerOptions options;
+  options.secret = secret;
+  options.world_size = map.world_size;
+  for (const auto& node : map.nodes) {
+    if (names.count(node.name) != 0)
+      options.ranks.insert(options.ranks.end(), node.rank_ids.begin(), node.rank_ids.end());
+  }
+  std::sort(options.ranks.begin(), options.ranks.end());
+  const int parent = relay_parent(agent);
+  options.upstream = parent < 0 ? root_address : exchange.relay_addresses.at(parent);
+  if (options.upstream.empty()) {
+    return make_error(fmt::format("agent {} published no relay address", parent), 1);
+  }
+  auto relay = wireup::TcpStoreServer::start(options, std::move(listener));
+  if (!relay) return make_error("workers' relay: " + relay.error().message, 1);
+  return std::move(*relay);
+}
+
+Result<AgentTreeStore> connect_agents_tree(const std::string& root_address,
+                                           const std::string& secret, int agent, int agents,
+                                           const std::string& advertised_host,
+                                           wireup::milliseconds timeout) {
+  auto listener = wireup::TcpStoreListener::open("0.0.0.0");
+  if (!listener) return make_error("agents' relay: " + listener.error().message, 1);
+  const std::uint16_t port = listener->port();
+  // Publish this relay, read the parent's: small requests to the root, not a collective.
+  wireup::TcpStoreClientOptions root_options;
+  root_options.address = root_address;
+  root_options.secret = secret;
+  root_options.rank = -1;
+  root_options.world_size = agents;
+  root_options.connect_timeout = timeout;
+  auto root = wireup::TcpStoreClient::connect(root_options);
+  if (!root) return root.error();
+  const std::string mine = fmt::format("{}:{}", advertised_host, port);
+  const std::string key_prefix = "relay/agents";
+  if (auto s = (*root)->set(wireup::rank_key(key_prefix, agent),
+                            std::as_bytes(std::span(mine.data(), mine.size())));
+      !s) {
+    return s.error();
+  }
+  std::string upstream = root_address;
+  if (const int parent = relay_parent(agent); parent >= 0) {
+    auto address = (*root)->get_string(wireup::rank_key(key_prefix, parent), timeout);
+    if (!address) return address.error();
+    upstream = *address;
+  }
+  root->reset();
+  wireup::TcpStoreServerOptions options;
+  options.secret = secret;
+  options.world_size = agents;
+  options.upstream = upstream;
+  options.ranks = relay_subtree(agent, agents);
+  options.upstream_connect_timeout = timeout;
+  AgentTreeStore out;
+  auto relay = wireup::TcpStoreServer::start(options, std::move(*listener));
+  if (!relay) return make_error("agents' relay: " + relay.error().message, 1);
+  out.relay = std::move(*relay);
+  wireup::TcpStoreClientOptions client_options;
+  client_options.address = fmt::format("127.0.0.1:{}", port);
+  client_options.secret = secret;
+  client_options.rank = agent;
+  client_options.world_size = agents;
+  client_options.connect_timeout = timeout;
+  auto client = wireup::TcpStoreClient::connect(client_options);
+  if (!client) return client.error();
+  out.store = std::move(*client);
+  return out;
 }
 
 }  // namespace topolaunch::launcher

@@ -20,7 +20,6 @@
 #include <cstdlib>
 #include <fstream>
 #include <memory>
-#include <nlohmann/json.hpp>
 #include <optional>
 #include <sstream>
 
@@ -29,44 +28,11 @@
 #include "report_merge.hpp"
 #include "topolaunch/launcher/agent_wireup.hpp"
 #include "topolaunch/launcher/report.hpp"
-#include "topolaunch/topology/serialize.hpp"
 #include "topolaunch/wireup/kv_store.hpp"
 #include "topolaunch/wireup/tcp_store.hpp"
 
 namespace topolaunch::launcher {
 namespace {
-
-std::string node_input_to_json(const topology::NodeInput& node) {
-  nlohmann::json j;
-  j["name"] = node.name;
-  j["topology"] = topology::to_json(*node.topology);
-  j["all_gpus"] = node.allocation.all_gpus;
-  j["gpus"] = node.allocation.gpus;
-  j["gpu_uuids"] = node.allocation.gpu_uuids;
-  j["cuda_naming"] = static_cast<int>(node.allocation.cuda_naming);
-  j["cpus"] = node.allocation.cpus ? node.allocation.cpus->to_list() : std::string("*");
-  return j.dump();
-}
-
-Result<topology::NodeInput> node_input_from_json(const std::string& text,
-                                                 const std::string& origin) {
-  auto j = nlohmann::json::parse(text, nullptr, false);
-  if (j.is_discarded() || !j.is_object() || !j.contains("topology")) {
-    return make_error(fmt::format("{}: not a node record", origin), 1);
-  }
-  auto topo = topology::from_json(j.value("topology", ""), origin);
-  if (!topo) return topo.error();
-  topology::NodeInput node;
-  node.name = j.value("name", "");
-  node.topology = std::make_shared<const topology::NodeTopology>(std::move(*topo));
-  node.allocation.all_gpus = j.value("all_gpus", true);
-  node.allocation.gpus = j.value("gpus", std::vector<int>{});
-  node.allocation.gpu_uuids = j.value("gpu_uuids", std::vector<std::string>{});
-  node.allocation.cuda_naming = static_cast<topology::CudaNaming>(j.value("cuda_naming", 0));
-  std::string cpus = j.value("cpus", "*");
-  if (cpus != "*") node.allocation.cpus = topology::CpuSet::parse_list(cpus);
-  return node;
-}
 
 // The address other nodes reach this one at: $TOPOLAUNCH_STORE_HOST, else the hostname's first
 // IPv4 address, else loopback.
@@ -297,15 +263,13 @@ int run_agent(const AgentOptions& options) {
                                wireup::compiled_backends());
   if (!backend) return fail(backend.error().message);
   std::unique_ptr<wireup::KvStore> store;
+  AgentTreeStore agents_tree;  // TCP: the agents' store through a relay tree (agent_wireup.hpp)
   if (*backend == wireup::Backend::tcp) {
-    wireup::TcpStoreClientOptions client_options;
-    client_options.address = env_string("TOPOLAUNCH_AGENT_STORE");
-    client_options.secret = job.secret;
-    client_options.rank = node_id;
-    client_options.world_size = nodes;
-    auto client = wireup::TcpStoreClient::connect(client_options);
-    if (!client) return fail(client.error().message);
-    store = std::move(*client);
+    auto tree = connect_agents_tree(env_string("TOPOLAUNCH_AGENT_STORE"), job.secret, node_id,
+                                    nodes, advertised_host(), job.config.wireup.timeout);
+    if (!tree) return fail(tree.error().message);
+    agents_tree = std::move(*tree);
+    store = std::move(agents_tree.store);
   } else {
     wireup::Env env = wireup::current_environment();
     env["TOPOLAUNCH_WIREUP"] = std::string(backend_name(*backend));
@@ -325,20 +289,19 @@ int run_agent(const AgentOptions& options) {
   // Workers get the TCP store; the agent's PMI variables describe the agent, not them.
   std::erase_if(job.inherited,
                 [](const auto& entry) { return is_agent_pmi_variable(entry.first); });
-  const auto timeout = job.config.wireup.timeout;
-  if (auto s = store->put(wireup::rank_key("node", agent_rank), node_input_to_json(*node)); !s) {
-    return fail(s.error().message);
-  }
-  if (auto s = store->fence(timeout); !s) return fail(s.error().message);
-  std::vector<topology::NodeInput> inputs;
-  for (int i = 0; i < nodes; ++i) {
-    auto text = store->get_string(wireup::rank_key("node", i), timeout);
-    if (!text) return fail(text.error().message);
-    auto input = node_input_from_json(*text, fmt::format("agent {}", i));
-    if (!input) return fail(input.error().message);
-    inputs.push_back(std::move(*input));
-  }
-  if (auto s = set_map(job, inputs, agent_rank == 0); !s) return fail(s.error().message);
+  // Records and distinct topologies (agent_wireup.hpp); the workers' relay's address travels in
+  // the record, its tree is set up once the map says which ranks each node has.
+  auto workers_listener = wireup::TcpStoreListener::open("0.0.0.0");
+  if (!workers_listener) return fail(workers_listener.error().message);
+  const std::string relay_address =
+      fmt::format("{}:{}", advertised_host(), workers_listener->port());
+  auto exchange = exchange_node_inputs(*store, *node, relay_address, job.config.wireup.timeout);
+  if (!exchange) return fail(exchange.error().message);
+  if (auto s = set_map(job, exchange->nodes, agent_rank == 0); !s) return fail(s.error().message);
+  auto workers_relay = start_workers_relay(std::move(*workers_listener), job.map, *exchange,
+                                           agent_rank, job.external_store_address, job.secret);
+  if (!workers_relay) return fail(workers_relay.error().message);
+  job.external_store_address = relay_address;  // this node's workers reach the store through it
 
   JobReport fragment;
   fragment.job_name = job.config.job.name;

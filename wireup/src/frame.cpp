@@ -30,6 +30,9 @@ bool is_known_op(std::uint16_t op) {
     case Op::fence:
     case Op::remove:
     case Op::get_many:
+    case Op::allgather:
+    case Op::allgather_group:
+    case Op::fence_group:
     case Op::ok:
     case Op::error:
       return true;
@@ -61,6 +64,12 @@ std::string_view op_name(Op op) {
       return "remove";
     case Op::get_many:
       return "get_many";
+    case Op::allgather:
+      return "allgather";
+    case Op::allgather_group:
+      return "allgather_group";
+    case Op::fence_group:
+      return "fence_group";
     case Op::ok:
       return "ok";
     case Op::error:
@@ -137,6 +146,32 @@ std::optional<std::string> PayloadReader::str() {
   auto value = bytes();
   if (!value) return std::nullopt;
   return std::string(reinterpret_cast<const char*>(value->data()), value->size());
+}
+
+Bytes encode_gathered(const std::vector<const Bytes*>& values) {
+  std::size_t total = 8;
+  for (const Bytes* value : values) total += 4 + value->size();
+  PayloadWriter out;
+  out.reserve(total);
+  out.u64(values.size());
+  for (const Bytes* value : values) out.bytes(*value);
+  return out.take();
+}
+
+std::optional<std::vector<Bytes>> decode_gathered(std::span<const std::byte> payload,
+                                                  std::size_t expected_count) {
+  PayloadReader in(payload);
+  auto count = in.u64();
+  if (!count || *count != expected_count) return std::nullopt;
+  std::vector<Bytes> values;
+  values.reserve(expected_count);
+  for (std::size_t i = 0; i < expected_count; ++i) {
+    auto value = in.bytes();
+    if (!value) return std::nullopt;
+    values.emplace_back(value->begin(), value->end());
+  }
+  if (!in.at_end()) return std::nullopt;
+  return values;
 }
 
 }  // namespace topolaunch::wireup::proto

@@ -11,13 +11,14 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "topolaunch/wireup/kv_store.hpp"
 
 namespace topolaunch::wireup::proto {
 
 inline constexpr std::uint32_t kMagic = 0x564b4c54;  // "TLKV" in memory order
-inline constexpr std::uint16_t kVersion = 1;
+inline constexpr std::uint16_t kVersion = 2;         // 2: allgather, relays (fence_group, ...)
 inline constexpr std::size_t kHeaderBytes = 12;
 inline constexpr std::size_t kNonceBytes = 32;
 // Before authentication a peer may only send a small auth frame.
@@ -35,8 +36,14 @@ enum class Op : std::uint16_t {
   fence = 15,     // generation, timeout_ms
   remove = 16,    // key -> existed
   get_many = 17,  // count, key*, timeout_ms -> count, value*
-  ok = 100,       // reply; payload depends on the request
-  error = 101,    // reply: message
+  // Collective: every rank sends its value under a name, each gets all (rank order) in one
+  // round trip; afterwards rank_key(name, r) holds rank r's value.
+  allgather = 18,  // name, timeout_ms, value -> count, value* (gathered)
+  // From a relay (authenticated as kRelayRank), standing for the ranks below it.
+  allgather_group = 19,  // name, timeout_ms, count, (rank, value)* -> gathered
+  fence_group = 20,      // generation, timeout_ms, count, rank* -> ok
+  ok = 100,              // reply; payload depends on the request
+  error = 101,           // reply: message
 };
 bool is_known_op(std::uint16_t op);
 std::string_view op_name(Op op);
@@ -58,6 +65,7 @@ class PayloadWriter {
   PayloadWriter& str(std::string_view value) {
     return bytes(std::as_bytes(std::span(value.data(), value.size())));
   }
+  void reserve(std::size_t bytes) { out_.reserve(bytes); }
   const Bytes& data() const { return out_; }
   Bytes take() { return std::move(out_); }
 
@@ -78,5 +86,11 @@ class PayloadReader {
   std::span<const std::byte> in_;
   std::size_t pos_ = 0;
 };
+
+// The reply of allgather / allgather_group: u64 count, then count values (rank order).
+Bytes encode_gathered(const std::vector<const Bytes*>& values);
+// nullopt when malformed or when the count is not expected_count.
+std::optional<std::vector<Bytes>> decode_gathered(std::span<const std::byte> payload,
+                                                  std::size_t expected_count);
 
 }  // namespace topolaunch::wireup::proto

@@ -25,6 +25,7 @@ class Fd {
   int get() const { return fd_; }
   bool valid() const { return fd_ >= 0; }
   void reset();
+  int release() { return std::exchange(fd_, -1); }
 
  private:
   int fd_ = -1;

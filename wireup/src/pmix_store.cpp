@@ -8,6 +8,9 @@
 //     client search every process of the namespace (slower: it grows with ranks and keys).
 //   - fence() passes PMIX_COLLECT_DATA so values are on every node afterwards, and PMIX_TIMEOUT
 //     (whole seconds, rounded up); a timed-out fence cannot say which ranks were missing.
+//   - allgather() is PMIx's own collective: the collecting fence moves every rank's value to
+//     every node (Slurm's mpi/pmix does it between the slurmstepd), then each value is read from
+//     its owner in the local data store (PMIX_OPTIONAL: no request leaves the process).
 //   - The PMIx client library reads its connection info from the real process environment, not
 //     from the Env given to connect_from_env().
 #include <algorithm>
@@ -104,6 +107,36 @@ class PmixStore final : public KvStore {
     return ok_status();
   }
 
+  Result<std::vector<Bytes>> allgather(std::string_view name, std::span<const std::byte> mine,
+                                       milliseconds timeout) override {
+    if (auto s = put(rank_key(name, rank()), mine); !s) return s.error();
+    if (auto s = fence(timeout); !s) return s.error();
+    std::vector<Bytes> values;
+    values.reserve(static_cast<std::size_t>(size_));
+    pmix_info_t info;
+    bool local_only = true;
+    PMIX_INFO_LOAD(&info, PMIX_OPTIONAL, &local_only, PMIX_BOOL);
+    for (int r = 0; r < size_; ++r) {
+      const std::string key = rank_key(name, r);
+      pmix_proc_t owner;
+      PMIX_LOAD_PROCID(&owner, self_.nspace, static_cast<pmix_rank_t>(r));
+      pmix_value_t* value = nullptr;
+      auto rc = PMIx_Get(&owner, key.c_str(), &info, 1, &value);
+      if (rc != PMIX_SUCCESS) {
+        PMIX_INFO_DESTRUCT(&info);
+        return make_error(pmix_error("PMIx_Get('" + key + "') after the collecting fence", rc));
+      }
+      auto bytes = take_bytes(key, value);
+      if (!bytes) {
+        PMIX_INFO_DESTRUCT(&info);
+        return bytes.error();
+      }
+      values.push_back(std::move(*bytes));
+    }
+    PMIX_INFO_DESTRUCT(&info);
+    return values;
+  }
+
   Result<Bytes> get(std::string_view key, milliseconds timeout) override {
     std::string key_text(key);
     pmix_value_t* value = nullptr;
@@ -129,8 +162,13 @@ class PmixStore final : public KvStore {
       PMIX_INFO_DESTRUCT(&info);
       if (rc != PMIX_SUCCESS) return make_error(pmix_error("PMIx_Get('" + key_text + "')", rc));
     }
-    Result<Bytes> out =
-        make_error("wireup pmix: key '" + key_text + "' does not hold a byte object");
+    return take_bytes(key_text, value);
+  }
+
+ private:
+  // The byte object in value (released either way).
+  static Result<Bytes> take_bytes(const std::string& key, pmix_value_t* value) {
+    Result<Bytes> out = make_error("wireup pmix: key '" + key + "' does not hold a byte object");
     if (value->type == PMIX_BYTE_OBJECT) {
       auto bytes = reinterpret_cast<const std::byte*>(value->data.bo.bytes);
       out = Bytes(bytes, bytes + value->data.bo.size);
@@ -139,7 +177,6 @@ class PmixStore final : public KvStore {
     return out;
   }
 
- private:
   pmix_rank_t guessed_owner(std::string_view key) const {
     auto slash = key.rfind('/');
     if (slash == std::string_view::npos) return PMIX_RANK_UNDEF;

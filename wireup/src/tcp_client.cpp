@@ -2,128 +2,38 @@
 #include <algorithm>
 #include <charconv>
 
-#include "auth.hpp"
 #include "backends.hpp"
+#include "connection.hpp"
 #include "frame.hpp"
-#include "net.hpp"
 #include "topolaunch/wireup/tcp_store.hpp"
 
 namespace topolaunch::wireup {
 namespace {
 
-using net::Clock;
 using proto::Op;
 
-// Replies can carry a whole value; the server's own limit is far lower (max_value_bytes).
-constexpr std::size_t kMaxReplyPayload = std::size_t{1} << 31;
 // Staged puts are sent in frames of about this size, below the server's frame limit.
 constexpr std::size_t kCommitBatchBytes = std::size_t{8} << 20;
-// A blocking request's reply may arrive this long after its own timeout (server loop latency).
-constexpr milliseconds kReplyGrace{5000};
-// Longer timeouts are taken as "forever" (a year), keeping deadline arithmetic in range.
-constexpr milliseconds kLongestWait{365LL * 24 * 3600 * 1000};
 
 }  // namespace
 
 class TcpStoreClient::Impl {
  public:
   TcpStoreClientOptions options;
-  net::Fd fd;
-  int world_size = 0;
+  std::unique_ptr<StoreConnection> connection;
   std::uint64_t fence_generation = 0;
   std::vector<std::pair<std::string, Bytes>> staged;
-  std::size_t staged_bytes = 0;
-  std::string broken;  // non-empty: why the connection is unusable
-  std::uint64_t max_value_bytes = std::uint64_t{64} << 20;  // the server's, from the handshake
 
   Status check_value_size(std::string_view key, std::size_t bytes) const {
-    if (bytes <= max_value_bytes) return ok_status();
+    if (bytes <= connection->max_value_bytes()) return ok_status();
     return fail("value of key '" + std::string(key) + "' has " + std::to_string(bytes) +
-                " bytes, above the store's limit of " + std::to_string(max_value_bytes) +
+                " bytes, above the store's limit of " +
+                std::to_string(connection->max_value_bytes()) +
                 " (TcpStoreServerOptions::max_value_bytes)");
   }
-
-  Error fail(std::string_view what) const {
-    return make_error("wireup tcp store " + options.address + ": " + std::string(what));
-  }
-
-  struct Frame {
-    Op op;
-    Bytes payload;
-  };
-
-  Result<Frame> read_frame(Clock::time_point deadline) {
-    Bytes header(proto::kHeaderBytes);
-    if (auto r = net::recv_exact(fd.get(), header, deadline); !r) return r.error();
-    auto decoded = proto::decode_header(header, kMaxReplyPayload);
-    if (!decoded) return decoded.error();
-    Frame frame{decoded->op, Bytes(decoded->payload_bytes)};
-    if (auto r = net::recv_exact(fd.get(), frame.payload, deadline); !r) return r.error();
-    return frame;
-  }
-
-  // Sends one request and returns the payload of its ok reply; an error reply becomes the Error.
+  Error fail(std::string_view what) const { return connection->fail(what); }
   Result<Bytes> request(Op op, const Bytes& payload, milliseconds blocking_for = milliseconds(0)) {
-    if (!broken.empty())
-      return fail(std::string(proto::op_name(op)) + ": connection unusable: " + broken);
-    blocking_for = std::min(blocking_for, kLongestWait);  // milliseconds::max() must not overflow
-    auto deadline = Clock::now() + options.io_timeout + blocking_for;
-    auto on_io_error = [&](const Error& e) {
-      broken = e.message;
-      fd.reset();
-      return fail(std::string(proto::op_name(op)) + ": " + e.message);
-    };
-    if (auto r = net::send_all(fd.get(), proto::encode_frame(op, payload), deadline); !r) {
-      return on_io_error(r.error());
-    }
-    auto reply = read_frame(deadline + (blocking_for.count() > 0 ? kReplyGrace : milliseconds(0)));
-    if (!reply) return on_io_error(reply.error());
-    if (reply->op == Op::error) {
-      proto::PayloadReader in(reply->payload);
-      auto message = in.str();
-      return fail(message ? *message : "malformed error reply");
-    }
-    if (reply->op != Op::ok)
-      return on_io_error(make_error("unexpected reply " + std::string(proto::op_name(reply->op))));
-    return std::move(reply->payload);
-  }
-
-  Status handshake(Clock::time_point deadline) {
-    auto challenge = read_frame(deadline);
-    if (!challenge) return fail("handshake: " + challenge.error().message);
-    proto::PayloadReader in(challenge->payload);
-    auto server_nonce = in.bytes();
-    if (challenge->op != Op::challenge || !server_nonce)
-      return fail("handshake: not a topolaunch store");
-    auto client_nonce = auth::random_nonce();
-    proto::PayloadWriter hello;
-    hello.i64(options.rank)
-        .i64(options.world_size)
-        .bytes(client_nonce)
-        .bytes(auth::client_proof(options.secret, *server_nonce, options.rank, options.world_size));
-    if (auto r = net::send_all(fd.get(), proto::encode_frame(Op::auth, hello.data()), deadline);
-        !r) {
-      return fail("handshake: " + r.error().message);
-    }
-    auto reply = read_frame(deadline);
-    if (!reply) return fail("handshake: " + reply.error().message);
-    proto::PayloadReader answer(reply->payload);
-    if (reply->op == Op::error) {
-      auto message = answer.str();
-      return fail("refused: " + (message ? *message : std::string("no reason given")));
-    }
-    auto server_world_size = answer.i64();
-    auto server_mac = answer.bytes();
-    auto server_max_value = answer.u64();
-    if (reply->op != Op::auth_ok || !server_world_size || !server_mac)
-      return fail("handshake: malformed reply");
-    if (!auth::equal_constant_time(auth::server_proof(options.secret, client_nonce), *server_mac)) {
-      return fail(
-          "the server does not know the job secret (a different job's store on this port?)");
-    }
-    world_size = static_cast<int>(*server_world_size);
-    max_value_bytes = server_max_value ? *server_max_value : max_value_bytes;
-    return ok_status();
+    return connection->request(op, payload, blocking_for);
   }
 };
 
@@ -134,16 +44,13 @@ Result<std::unique_ptr<TcpStoreClient>> TcpStoreClient::connect(TcpStoreClientOp
     return make_error("wireup tcp store: rank " + std::to_string(options.rank) + " is not in 0.." +
                       std::to_string(options.world_size - 1));
   }
-  auto where = net::parse_host_port(options.address, "store address");
-  if (!where) return where.error();
-  auto deadline = Clock::now() + options.connect_timeout;
-  auto fd = net::connect_tcp(*where, deadline);
-  if (!fd) return make_error("wireup tcp store: " + fd.error().message);
+  auto connection =
+      StoreConnection::open({options.address, options.secret, options.rank, options.world_size,
+                             options.connect_timeout, options.io_timeout});
+  if (!connection) return connection.error();
   auto impl = std::make_unique<Impl>();
   impl->options = std::move(options);
-  impl->fd = std::move(*fd);
-  if (auto r = impl->handshake(std::max(deadline, Clock::now() + impl->options.io_timeout)); !r)
-    return r.error();
+  impl->connection = std::move(*connection);
   return std::unique_ptr<TcpStoreClient>(new TcpStoreClient(std::move(impl)));
 }
 
@@ -151,12 +58,11 @@ TcpStoreClient::TcpStoreClient(std::unique_ptr<Impl> impl) : impl_(std::move(imp
 TcpStoreClient::~TcpStoreClient() = default;
 
 int TcpStoreClient::rank() const { return impl_->options.rank; }
-int TcpStoreClient::size() const { return impl_->world_size; }
+int TcpStoreClient::size() const { return impl_->connection->world_size(); }
 
 Status TcpStoreClient::put(std::string_view key, std::span<const std::byte> value) {
   if (auto r = impl_->check_value_size(key, value.size()); !r) return r;
   impl_->staged.emplace_back(std::string(key), Bytes(value.begin(), value.end()));
-  impl_->staged_bytes += key.size() + value.size();
   return ok_status();
 }
 
@@ -178,7 +84,6 @@ Status TcpStoreClient::commit() {
     begin = end;
   }
   staged.clear();
-  impl_->staged_bytes = 0;
   return ok_status();
 }
 
@@ -220,6 +125,21 @@ Result<std::vector<Bytes>> TcpStoreClient::get_many(const std::vector<std::strin
     values.emplace_back(value->begin(), value->end());
   }
   return values;
+}
+
+Result<std::vector<Bytes>> TcpStoreClient::allgather(std::string_view name,
+                                                     std::span<const std::byte> mine,
+                                                     milliseconds timeout) {
+  if (auto r = impl_->check_value_size(name, mine.size()); !r) return r.error();
+  if (impl_->options.rank < 0) return impl_->fail("allgather: this client has no rank");
+  if (auto r = commit(); !r) return r.error();  // staged puts are visible to the others after it
+  auto reply = impl_->request(
+      Op::allgather, proto::PayloadWriter().str(name).u64(timeout.count()).bytes(mine).take(),
+      timeout);
+  if (!reply) return reply.error();
+  auto values = proto::decode_gathered(*reply, static_cast<std::size_t>(size()));
+  if (!values) return impl_->fail("allgather '" + std::string(name) + "': malformed reply");
+  return std::move(*values);
 }
 
 Status TcpStoreClient::set(std::string_view key, std::span<const std::byte> value) {

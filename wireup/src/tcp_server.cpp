@@ -1,8 +1,13 @@
 // The TCP store server: one thread, one poll() loop over non-blocking sockets.
 //
 // Each connection carries at most one request at a time (the client is synchronous), so a
-// blocking request (get, wait, fence) simply parks the connection until its keys appear, its
-// fence completes or its deadline passes. No request can block the loop.
+// blocking request (get, wait, fence, allgather) simply parks the connection until its keys
+// appear, its collective completes or its deadline passes. No request can block the loop.
+//
+// A relay (options.upstream) is the same loop with an upstream: what it cannot answer from its
+// own table goes upstream through UpstreamLanes (relay_lanes.hpp) and the answer comes back to
+// this loop; a fence or allgather goes up once, as one fence_group / allgather_group for all of
+// options.ranks, and its one reply frame is shared by every waiter's output queue.
 #include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
@@ -11,21 +16,27 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <time.h>
+
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <charconv>
 #include <cstdio>
 #include <cstring>
+#include <deque>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <thread>
 #include <unordered_map>
 
 #include "auth.hpp"
+#include "connection.hpp"
 #include "frame.hpp"
 #include "net.hpp"
+#include "relay_lanes.hpp"
 #include "topolaunch/wireup/tcp_store.hpp"
 
 namespace topolaunch::wireup {
@@ -38,6 +49,32 @@ using ConnId = std::uint64_t;
 constexpr std::size_t kMaxKeyBytes = 4096;
 constexpr std::size_t kRecvChunkBytes = 64 * 1024;
 constexpr std::size_t kMaxMissingListed = 16;
+constexpr std::size_t kMaxRelayPayload = std::size_t{1} << 31;
+
+using SharedFrame = std::shared_ptr<const Bytes>;
+
+SharedFrame shared_frame(Op op, std::span<const std::byte> payload) {
+  return std::make_shared<const Bytes>(proto::encode_frame(op, payload));
+}
+
+double thread_cpu_seconds() {
+  timespec ts{};
+  ::clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return static_cast<double>(ts.tv_sec) + static_cast<double>(ts.tv_nsec) * 1e-9;
+}
+
+std::string ranks_text(const std::vector<int>& ranks) {  // "0-7,16-23"
+  std::string out;
+  for (std::size_t i = 0; i < ranks.size();) {
+    std::size_t j = i;
+    while (j + 1 < ranks.size() && ranks[j + 1] == ranks[j] + 1) ++j;
+    if (!out.empty()) out += ",";
+    out += std::to_string(ranks[i]);
+    if (j > i) out += "-" + std::to_string(ranks[j]);
+    i = j + 1;
+  }
+  return out;
+}
 
 Bytes to_bytes(std::string_view text) {
   auto span = std::as_bytes(std::span(text.data(), text.size()));
@@ -65,7 +102,9 @@ class TcpStoreServer::Impl {
         wake_(std::move(wake)),
         address_(std::move(address)),
         port_(net::local_port(listener_.get())),
-        world_size_(options_.world_size) {
+        world_size_(options_.world_size),
+        relay_(!options_.upstream.empty()),
+        below_(options_.ranks.begin(), options_.ranks.end()) {
     if (!options_.log) {
       options_.log = [](std::string_view line) {
         std::fprintf(stderr, "topolaunch wireup: %.*s\n", static_cast<int>(line.size()),
@@ -73,6 +112,19 @@ class TcpStoreServer::Impl {
       };
     }
     max_payload_bytes_ = options_.max_value_bytes + kMaxKeyBytes + 64;
+    if (relay_) {
+      StoreConnectionOptions upstream{options_.upstream,
+                                      options_.secret,
+                                      kRelayRank,
+                                      options_.world_size,
+                                      options_.upstream_connect_timeout,
+                                      std::chrono::seconds(30)};
+      int wake_fd = wake_.get();
+      lanes_ = std::make_unique<UpstreamLanes>(upstream, options_.upstream_lanes, [wake_fd] {
+        std::uint64_t one = 1;
+        [[maybe_unused]] auto n = ::write(wake_fd, &one, sizeof one);
+      });
+    }
   }
 
   void start() {
@@ -91,6 +143,7 @@ class TcpStoreServer::Impl {
     std::uint64_t one = 1;
     [[maybe_unused]] auto n = ::write(wake_.get(), &one, sizeof one);
     thread_.join();
+    lanes_.reset();  // interrupts what is in flight upstream; callbacks are not run any more
     conns_.clear();  // closes every client socket
     listener_.reset();
   }
@@ -99,12 +152,29 @@ class TcpStoreServer::Impl {
   const std::string& address() const { return address_; }
 
   Stats stats() const {
-    std::lock_guard lock(stats_mutex_);
-    return stats_;
+    Stats out;
+    out.clients = counters_.clients;
+    out.peak_clients = counters_.peak_clients;
+    out.peak_rank_clients = counters_.peak_rank_clients;
+    out.refused_auth = counters_.refused_auth;
+    out.refused_frames = counters_.refused_frames;
+    out.keys = counters_.keys;
+    out.stored_bytes = counters_.stored_bytes;
+    out.requests = counters_.requests;
+    out.bytes_in = counters_.bytes_in;
+    out.bytes_out = counters_.bytes_out;
+    out.relay_bytes_in = counters_.relay_bytes_in;
+    out.relay_bytes_out = counters_.relay_bytes_out;
+    out.cpu_seconds = counters_.cpu_seconds;
+    if (lanes_) {
+      out.upstream_bytes_in = lanes_->bytes_in();
+      out.upstream_bytes_out = lanes_->bytes_out();
+    }
+    return out;
   }
 
  private:
-  enum class Waiting { none, get, wait, get_many, fence };
+  enum class Waiting { none, get, wait, get_many, fence, allgather, upstream };
 
   struct Conn {
     net::Fd fd;
@@ -113,15 +183,18 @@ class TcpStoreServer::Impl {
     Bytes server_nonce;
     Clock::time_point auth_deadline;
     int rank = -1;
+    bool relay = false;  // a relay below this store, standing for several ranks
     Bytes in;
-    Bytes out;
-    std::size_t out_sent = 0;
-    bool closing = false;  // refused: flush the error reply, then close
+    std::deque<SharedFrame> out;  // frames to send; a collective's reply is shared by all
+    std::size_t out_sent = 0;     // of out.front()
+    bool closing = false;         // refused: flush the error reply, then close
     bool dead = false;
     Waiting waiting = Waiting::none;
     std::vector<std::string> keys;       // get/wait/get_many: the keys still missing
     std::vector<std::string> requested;  // get_many: every key asked for, in order
     std::uint64_t generation = 0;        // fence
+    std::string gather;                  // allgather: its name
+    std::vector<int> arrived_for;        // fence/allgather: the ranks this connection brought
     Clock::time_point deadline;
     std::uint64_t timeout_ms = 0;
   };
@@ -129,7 +202,30 @@ class TcpStoreServer::Impl {
   struct Fence {
     std::set<int> arrived;
     std::vector<ConnId> waiters;
+    std::uint64_t timeout_ms = 0;
+    bool forwarded = false;  // relay: gone upstream, the upstream's answer decides
   };
+
+  struct Gather {
+    std::map<int, Bytes> values;
+    std::vector<ConnId> waiters;
+    std::uint64_t timeout_ms = 0;
+    bool forwarded = false;
+  };
+
+  // --- participants: who a fence or an allgather waits for -------------------------------------
+  bool participates(int rank) const {
+    return relay_ ? below_.count(rank) != 0 : rank >= 0 && rank < world_size_;
+  }
+  std::size_t participant_count() const {
+    return relay_ ? below_.size() : static_cast<std::size_t>(std::max(world_size_, 0));
+  }
+  std::vector<int> participant_list() const {
+    if (relay_) return std::vector<int>(below_.begin(), below_.end());
+    std::vector<int> all(static_cast<std::size_t>(std::max(world_size_, 0)));
+    for (std::size_t i = 0; i < all.size(); ++i) all[i] = static_cast<int>(i);
+    return all;
+  }
 
   void run() {
     std::vector<pollfd> fds;
@@ -143,7 +239,7 @@ class TcpStoreServer::Impl {
                      static_cast<short>(Clock::now() < accept_paused_until_ ? 0 : POLLIN), 0});
       for (auto& [id, conn] : conns_) {
         short events = conn.closing ? 0 : POLLIN;
-        if (conn.out_sent < conn.out.size()) events |= POLLOUT;
+        if (!conn.out.empty()) events |= POLLOUT;
         fds.push_back({conn.fd.get(), events, 0});
         ids.push_back(id);
       }
@@ -167,8 +263,13 @@ class TcpStoreServer::Impl {
           if (revents & (POLLIN | POLLHUP | POLLERR)) read_from(ids[i]);
         }
       }
+      if (lanes_) {
+        lanes_->run_completions();
+        flush_sets();
+      }
       expire(Clock::now());
       sweep();
+      publish_stats();
     }
   }
 
@@ -176,7 +277,8 @@ class TcpStoreServer::Impl {
     auto next = Clock::time_point::max();
     for (const auto& [id, conn] : conns_) {
       if (!conn.authenticated) next = std::min(next, conn.auth_deadline);
-      if (conn.waiting != Waiting::none) next = std::min(next, conn.deadline);
+      if (conn.waiting != Waiting::none && conn.waiting != Waiting::upstream)
+        next = std::min(next, conn.deadline);
     }
     if (accept_paused_until_ > Clock::now()) next = std::min(next, accept_paused_until_);
     if (next == Clock::time_point::max()) return 1000;
@@ -200,8 +302,8 @@ class TcpStoreServer::Impl {
         return;
       }
       net::Fd owned(fd);
-      // A get_many reply carries every rank's value; a large send buffer lets it leave in one
-      // send instead of many poll rounds (loopback starts at 16 KiB and grows slowly).
+      // A get_many or allgather reply carries every rank's value; a large send buffer lets it
+      // leave in one send instead of many poll rounds (loopback starts at 16 KiB, grows slowly).
       int send_buffer_bytes = 4 << 20, one = 1;
       ::setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &send_buffer_bytes, sizeof send_buffer_bytes);
       ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
@@ -217,7 +319,7 @@ class TcpStoreServer::Impl {
       conn.server_nonce = auth::random_nonce();
       conn.auth_deadline = Clock::now() + options_.auth_timeout;
       send(conn, Op::challenge, proto::PayloadWriter().bytes(conn.server_nonce).take());
-      update_client_count();
+      counters_.peak_clients = std::max(counters_.peak_clients.load(), conns_.size());
     }
   }
 
@@ -232,6 +334,8 @@ class TcpStoreServer::Impl {
         if (errno == EAGAIN || errno == EWOULDBLOCK) return;
         return drop(conn);
       }
+      counters_.bytes_in += static_cast<std::uint64_t>(n);
+      if (conn.relay) counters_.relay_bytes_in += static_cast<std::uint64_t>(n);
       if (conn.closing) continue;  // refused: ignore whatever else it sends
       conn.in.insert(conn.in.end(), chunk, chunk + n);
       process_frames(id);
@@ -242,7 +346,10 @@ class TcpStoreServer::Impl {
   void process_frames(ConnId id) {
     Conn& conn = conns_.at(id);
     while (!conn.closing && conn.in.size() >= proto::kHeaderBytes) {
-      auto limit = conn.authenticated ? max_payload_bytes_ : proto::kMaxUnauthenticatedPayload;
+      // A relay's group requests carry the values or ranks of everything below it.
+      auto limit = !conn.authenticated ? proto::kMaxUnauthenticatedPayload
+                   : conn.relay        ? kMaxRelayPayload
+                                       : max_payload_bytes_;
       auto header = proto::decode_header(conn.in, limit);
       if (!header) return refuse(conn, header.error().message);
       std::size_t frame_bytes = proto::kHeaderBytes + header->payload_bytes;
@@ -254,6 +361,7 @@ class TcpStoreServer::Impl {
       if (!conn.authenticated) {
         authenticate(id, conn, header->op, payload);
       } else {
+        ++counters_.requests;
         handle(id, conn, header->op, payload);
       }
     }
@@ -271,16 +379,13 @@ class TcpStoreServer::Impl {
       return refuse(conn, "malformed auth frame");
     auto expected = auth::client_proof(options_.secret, conn.server_nonce, *rank, *world_size);
     if (!auth::equal_constant_time(expected, *mac)) {
-      {
-        std::lock_guard lock(stats_mutex_);
-        ++stats_.refused_auth;
-      }
+      ++counters_.refused_auth;
       options_.log("refused " + conn.peer + " (claims rank " + std::to_string(*rank) +
                    "): wrong secret, authentication failed");
       reply_error(conn, "authentication failed: wrong secret (check TOPOLAUNCH_STORE_SECRET)");
       return close_after_reply(conn);
     }
-    if (*rank >= 0) {
+    if (*rank >= 0 || *rank == kRelayRank) {
       if (world_size_ == 0 && *world_size > 0) world_size_ = static_cast<int>(*world_size);
       if (*world_size != world_size_ || *rank >= world_size_) {
         return refuse(conn, "rank " + std::to_string(*rank) + " of world size " +
@@ -288,12 +393,22 @@ class TcpStoreServer::Impl {
                                 " does not fit this store's world size " +
                                 std::to_string(world_size_));
       }
+    }
+    if (*rank == kRelayRank) {
+      conn.relay = true;
+    } else if (*rank >= 0) {
+      if (!participates(static_cast<int>(*rank))) {
+        return refuse(conn, "rank " + std::to_string(*rank) +
+                                " is not below this relay (it stands for ranks " +
+                                ranks_text(participant_list()) + ")");
+      }
       conn.rank = static_cast<int>(*rank);
       if (rank_conn_.count(conn.rank) != 0) {
         options_.log("rank " + std::to_string(conn.rank) + " connected again from " + conn.peer);
       }
       rank_conn_[conn.rank] = id;
       departed_.erase(conn.rank);
+      counters_.peak_rank_clients = std::max(counters_.peak_rank_clients.load(), rank_conn_.size());
     } else if (*rank != -1) {
       return refuse(conn, "bad rank " + std::to_string(*rank));
     }
@@ -317,6 +432,7 @@ class TcpStoreServer::Impl {
         auto value = in.bytes();
         if (!key || !value || !in.at_end()) return malformed();
         if (key->size() > kMaxKeyBytes) return reply_error(conn, "key longer than 4096 bytes");
+        if (relay_) pending_sets_.emplace_back(*key, Bytes(value->begin(), value->end()));
         store(*key, Bytes(value->begin(), value->end()));
         return send(conn, Op::ok, {});
       }
@@ -332,6 +448,7 @@ class TcpStoreServer::Impl {
           entries.emplace_back(std::move(*key), Bytes(value->begin(), value->end()));
         }
         if (!in.at_end()) return malformed();
+        if (relay_) pending_sets_.insert(pending_sets_.end(), entries.begin(), entries.end());
         for (auto& [key, value] : entries) store(key, std::move(value));
         return send(conn, Op::ok, {});
       }
@@ -342,12 +459,26 @@ class TcpStoreServer::Impl {
         if (auto it = data_.find(*key); it != data_.end()) {
           return send(conn, Op::ok, proto::PayloadWriter().bytes(it->second).take());
         }
-        return park(id, conn, Waiting::get, {*key}, *timeout_ms);
+        park(id, conn, Waiting::get, {*key}, *timeout_ms);
+        if (relay_) fetch({*key}, *timeout_ms);
+        return;
       }
-      case Op::add: {
+      case Op::add:
+      case Op::remove: {
         auto key = in.str();
+        if (!key) return malformed();
+        if (op == Op::remove) {
+          if (!in.at_end()) return malformed();
+          bool existed = forget(*key);
+          if (relay_) return pass_upstream(id, conn, op, payload, 0);
+          return send(conn, Op::ok, proto::PayloadWriter().u64(existed ? 1 : 0).take());
+        }
         auto delta = in.i64();
-        if (!key || !delta || !in.at_end()) return malformed();
+        if (!delta || !in.at_end()) return malformed();
+        if (relay_) {  // the counter lives at the root; a copy here would go stale
+          forget(*key);
+          return pass_upstream(id, conn, op, payload, 0);
+        }
         std::int64_t value = 0;
         if (auto it = data_.find(*key); it != data_.end()) {
           auto text =
@@ -376,50 +507,328 @@ class TcpStoreServer::Impl {
         if (!timeout_ms || !in.at_end()) return malformed();
         if (op == Op::get_many) conn.requested = std::move(keys);
         if (missing.empty()) return finish_wait(conn, op == Op::get_many);
+        if (relay_) fetch(missing, *timeout_ms);
         return park(id, conn, op == Op::get_many ? Waiting::get_many : Waiting::wait,
                     std::move(missing), *timeout_ms);
       }
       case Op::fence:
-        return arrive_at_fence(id, conn, in);
-      case Op::remove: {
-        auto key = in.str();
-        if (!key || !in.at_end()) return malformed();
-        bool existed = data_.erase(*key) > 0;
-        update_key_count();
-        return send(conn, Op::ok, proto::PayloadWriter().u64(existed ? 1 : 0).take());
+      case Op::fence_group: {
+        auto generation = in.u64();
+        auto timeout_ms = in.u64();
+        if (!generation || !timeout_ms) return malformed();
+        std::vector<int> ranks;
+        if (op == Op::fence_group) {
+          if (!conn.relay) return reply_error(conn, "fence_group: only a relay may send it");
+          auto count = in.u64();
+          if (!count || *count > payload.size() / 8) return malformed();
+          for (std::uint64_t i = 0; i < *count; ++i) {
+            auto rank = in.u64();
+            if (!rank) return malformed();
+            ranks.push_back(static_cast<int>(*rank));
+          }
+        } else if (conn.rank < 0) {
+          return reply_error(conn, "fence: this client has no rank (connect with a rank to fence)");
+        } else {
+          ranks.push_back(conn.rank);
+        }
+        if (!in.at_end()) return malformed();
+        return arrive_at_fence(id, conn, *generation, ranks, *timeout_ms);
+      }
+      case Op::allgather:
+      case Op::allgather_group: {
+        auto name = in.str();
+        auto timeout_ms = in.u64();
+        if (!name || !timeout_ms) return malformed();
+        if (name->size() > kMaxKeyBytes - 16)
+          return reply_error(conn, "name longer than 4080 bytes");
+        std::vector<std::pair<int, Bytes>> values;
+        if (op == Op::allgather_group) {
+          if (!conn.relay) return reply_error(conn, "allgather_group: only a relay may send it");
+          auto count = in.u64();
+          if (!count || *count > payload.size() / 12) return malformed();
+          for (std::uint64_t i = 0; i < *count; ++i) {
+            auto rank = in.u64();
+            auto value = in.bytes();
+            if (!rank || !value) return malformed();
+            values.emplace_back(static_cast<int>(*rank), Bytes(value->begin(), value->end()));
+          }
+        } else if (conn.rank < 0) {
+          return reply_error(conn, "allgather: this client has no rank");
+        } else {
+          auto value = in.bytes();
+          if (!value) return malformed();
+          values.emplace_back(conn.rank, Bytes(value->begin(), value->end()));
+        }
+        if (!in.at_end()) return malformed();
+        return contribute(id, conn, *name, std::move(values), *timeout_ms);
       }
       default:
         return refuse(conn, "unexpected " + std::string(proto::op_name(op)) + " frame");
     }
   }
 
-  void arrive_at_fence(ConnId id, Conn& conn, proto::PayloadReader& in) {
-    auto generation = in.u64();
-    auto timeout_ms = in.u64();
-    if (!generation || !timeout_ms || !in.at_end()) return refuse(conn, "malformed fence frame");
-    if (conn.rank < 0)
-      return reply_error(conn, "fence: this client has no rank (connect with a rank to fence)");
-    Fence& fence = fences_[*generation];
-    if (!fence.arrived.insert(conn.rank).second) {
-      return reply_error(conn, "fence " + std::to_string(*generation) + ": rank " +
-                                   std::to_string(conn.rank) +
-                                   " arrived twice (two clients with the same rank?)");
-    }
-    fence.waiters.push_back(id);
-    conn.generation = *generation;
-    if (static_cast<int>(fence.arrived.size()) == world_size_) {
-      for (ConnId waiter : fence.waiters) {
-        if (auto it = conns_.find(waiter); it != conns_.end()) {
-          it->second.waiting = Waiting::none;
-          send(it->second, Op::ok, {});
-        }
+  // --- fences ------------------------------------------------------------------------------------
+  void arrive_at_fence(ConnId id, Conn& conn, std::uint64_t generation,
+                       const std::vector<int>& ranks, std::uint64_t timeout_ms) {
+    Fence& fence = fences_[generation];
+    for (int rank : ranks) {
+      if (!participates(rank)) {
+        return reply_error(conn, "fence " + std::to_string(generation) + ": rank " +
+                                     std::to_string(rank) + " is not a participant here");
       }
-      fences_.erase(*generation);
-      return;
+      if (fence.arrived.count(rank) != 0) {
+        return reply_error(conn, "fence " + std::to_string(generation) + ": rank " +
+                                     std::to_string(rank) +
+                                     " arrived twice (two clients with the same rank?)");
+      }
     }
-    park(id, conn, Waiting::fence, {}, *timeout_ms);
+    fence.arrived.insert(ranks.begin(), ranks.end());
+    fence.waiters.push_back(id);
+    fence.timeout_ms = std::max(fence.timeout_ms, timeout_ms);
+    conn.generation = generation;
+    conn.arrived_for = ranks;
+    park(id, conn, Waiting::fence, {}, timeout_ms);
+    if (fence.arrived.size() == participant_count()) complete_fence(generation);
   }
 
+  void complete_fence(std::uint64_t generation) {
+    Fence& fence = fences_.at(generation);
+    if (!relay_) {
+      auto reply = shared_frame(Op::ok, {});
+      release(fence.waiters, Waiting::fence, reply);
+      fences_.erase(generation);
+      return;
+    }
+    forward(fence.waiters);
+    fence.forwarded = true;
+    proto::PayloadWriter request;
+    request.u64(generation).u64(fence.timeout_ms).u64(fence.arrived.size());
+    for (int rank : fence.arrived) request.u64(static_cast<std::uint64_t>(rank));
+    after_sets(
+        [this, generation, request = request.take(), timeout_ms = fence.timeout_ms]() mutable {
+          if (!set_failure_.empty()) {
+            auto it = fences_.find(generation);
+            if (it == fences_.end()) return;
+            release(it->second.waiters, Waiting::fence, error_frame(set_failure_));
+            fences_.erase(it);
+            return;
+          }
+          lanes_->submit(Op::fence_group, std::move(request), milliseconds(timeout_ms),
+                         [this, generation](Result<Bytes> result) {
+                           auto it = fences_.find(generation);
+                           if (it == fences_.end()) return;
+                           // A fence ends what was read before it: fetched copies may be stale now.
+                           if (result) drop_fetched();
+                           auto reply = result ? shared_frame(Op::ok, {})
+                                               : error_frame(result.error().message);
+                           release(it->second.waiters, Waiting::fence, reply);
+                           fences_.erase(it);
+                         });
+        });
+  }
+
+  // --- allgather ---------------------------------------------------------------------------------
+  void contribute(ConnId id, Conn& conn, const std::string& name,
+                  std::vector<std::pair<int, Bytes>> values, std::uint64_t timeout_ms) {
+    Gather& gather = gathers_[name];
+    if (gather.forwarded) {
+      return reply_error(conn, "allgather '" + name + "': already complete here, still upstream");
+    }
+    std::vector<int> ranks;
+    for (const auto& [rank, value] : values) {
+      if (!participates(rank)) {
+        return reply_error(conn, "allgather '" + name + "': rank " + std::to_string(rank) +
+                                     " is not a participant here");
+      }
+      if (gather.values.count(rank) != 0) {
+        return reply_error(conn, "allgather '" + name + "': rank " + std::to_string(rank) +
+                                     " arrived twice (two clients with the same rank?)");
+      }
+      if (value.size() > options_.max_value_bytes) {
+        return reply_error(conn, "allgather '" + name + "': value of rank " + std::to_string(rank) +
+                                     " above the store's limit");
+      }
+      ranks.push_back(rank);
+    }
+    for (auto& [rank, value] : values) gather.values.emplace(rank, std::move(value));
+    gather.waiters.push_back(id);
+    gather.timeout_ms = std::max(gather.timeout_ms, timeout_ms);
+    conn.gather = name;
+    conn.arrived_for = std::move(ranks);
+    park(id, conn, Waiting::allgather, {}, timeout_ms);
+    if (gather.values.size() == participant_count()) complete_gather(name);
+  }
+
+  void complete_gather(const std::string& name) {
+    Gather& gather = gathers_.at(name);
+    if (!relay_) {
+      // One reply, built once and shared by every waiter; then the values stay readable under
+      // their rank keys like the values of put + fence.
+      std::vector<const Bytes*> ordered;
+      ordered.reserve(gather.values.size());
+      for (const auto& [rank, value] : gather.values) ordered.push_back(&value);
+      auto reply = shared_frame(Op::ok, proto::encode_gathered(ordered));
+      for (auto& [rank, value] : gather.values) store(rank_key(name, rank), std::move(value));
+      release(gather.waiters, Waiting::allgather, reply);
+      gathers_.erase(name);
+      return;
+    }
+    forward(gather.waiters);
+    gather.forwarded = true;
+    proto::PayloadWriter request;
+    std::size_t bytes = 32 + name.size();
+    for (const auto& [rank, value] : gather.values) bytes += 12 + value.size();
+    request.reserve(bytes);
+    request.str(name).u64(gather.timeout_ms).u64(gather.values.size());
+    for (const auto& [rank, value] : gather.values)
+      request.u64(static_cast<std::uint64_t>(rank)).bytes(value);
+    gather.values.clear();
+    after_sets([this, name, request = request.take(), timeout_ms = gather.timeout_ms]() mutable {
+      if (!set_failure_.empty()) {
+        auto it = gathers_.find(name);
+        if (it == gathers_.end()) return;
+        release(it->second.waiters, Waiting::allgather, error_frame(set_failure_));
+        gathers_.erase(it);
+        return;
+      }
+      lanes_->submit(Op::allgather_group, std::move(request), milliseconds(timeout_ms),
+                     [this, name](Result<Bytes> result) {
+                       auto it = gathers_.find(name);
+                       if (it == gathers_.end()) return;
+                       if (result) drop_fetched();
+                       // The upstream's reply is already what every waiter needs: pass it on.
+                       auto reply = result ? shared_frame(Op::ok, *result)
+                                           : error_frame(result.error().message);
+                       release(it->second.waiters, Waiting::allgather, reply);
+                       gathers_.erase(it);
+                     });
+    });
+  }
+
+  // The waiters of a collective that went upstream wait for the upstream's answer, not for their
+  // own deadline (it arrives by then, or the lane's reply deadline makes it an error).
+  void forward(const std::vector<ConnId>& waiters) {
+    for (ConnId waiter : waiters) {
+      if (auto it = conns_.find(waiter); it != conns_.end())
+        it->second.deadline = Clock::time_point::max();
+    }
+  }
+
+  // Replies to every waiter of a collective with one shared frame.
+  void release(const std::vector<ConnId>& waiters, Waiting what, const SharedFrame& reply) {
+    for (ConnId waiter : waiters) {
+      auto it = conns_.find(waiter);
+      if (it == conns_.end() || it->second.waiting != what) continue;
+      it->second.waiting = Waiting::none;
+      it->second.arrived_for.clear();
+      enqueue(it->second, reply);
+    }
+  }
+
+  // --- relay: upstream -------------------------------------------------------------------------
+  // Forwards a request as it came; the client's reply is the upstream's.
+  void pass_upstream(ConnId id, Conn& conn, Op op, std::span<const std::byte> payload,
+                     std::uint64_t blocking_ms) {
+    conn.waiting = Waiting::upstream;
+    after_sets(
+        [this, id, op, request = Bytes(payload.begin(), payload.end()), blocking_ms]() mutable {
+          lanes_->submit(op, std::move(request), milliseconds(blocking_ms),
+                         [this, id](Result<Bytes> result) {
+                           auto it = conns_.find(id);
+                           if (it == conns_.end() || it->second.waiting != Waiting::upstream)
+                             return;
+                           it->second.waiting = Waiting::none;
+                           if (result) return send(it->second, Op::ok, *result);
+                           reply_error(it->second, result.error().message);
+                         });
+        });
+  }
+
+  // Runs submit once every value set here so far has reached upstream: a collective or a counter
+  // goes up behind the values it may depend on. Values are acknowledged here at once and go up
+  // together, one set_many per round of the serving loop (flush_sets).
+  void after_sets(std::function<void()> submit) { behind_sets_.push_back(std::move(submit)); }
+
+  void flush_sets() {
+    if (!pending_sets_.empty()) {
+      proto::PayloadWriter batch;
+      std::size_t bytes = 8;
+      for (const auto& [key, value] : pending_sets_) bytes += 8 + key.size() + value.size();
+      batch.reserve(bytes);
+      batch.u64(pending_sets_.size());
+      for (const auto& [key, value] : pending_sets_) batch.str(key).bytes(value);
+      pending_sets_.clear();
+      ++sets_in_flight_;
+      lanes_->submit(Op::set_many, batch.take(), milliseconds(0), [this](Result<Bytes> result) {
+        --sets_in_flight_;
+        if (!result && set_failure_.empty()) {
+          set_failure_ = "values set through this relay did not reach the upstream store: " +
+                         result.error().message;
+          options_.log(set_failure_);
+        }
+      });
+    }
+    if (sets_in_flight_ > 0) return;
+    auto ready = std::move(behind_sets_);
+    behind_sets_.clear();
+    for (auto& submit : ready) submit();
+  }
+
+  // Asks upstream for keys not here, unless already asked; the answers are kept (fetched_)
+  // and wake whoever waits for them.
+  void fetch(const std::vector<std::string>& keys, std::uint64_t timeout_ms) {
+    std::vector<std::string> wanted;
+    for (const auto& key : keys) {
+      if (data_.count(key) == 0 && in_flight_.insert(key).second) wanted.push_back(key);
+    }
+    if (wanted.empty()) return;
+    proto::PayloadWriter request;
+    request.u64(wanted.size());
+    for (const auto& key : wanted) request.str(key);
+    request.u64(timeout_ms);
+    lanes_->submit(Op::get_many, request.take(), milliseconds(timeout_ms),
+                   [this, wanted](Result<Bytes> result) {
+                     for (const auto& key : wanted) in_flight_.erase(key);
+                     std::optional<std::vector<Bytes>> values;
+                     if (result) values = proto::decode_gathered(*result, wanted.size());
+                     if (!values) {
+                       fail_waiters_of(wanted, result ? std::string("relay: malformed reply")
+                                                      : result.error().message);
+                       return;
+                     }
+                     for (std::size_t i = 0; i < wanted.size(); ++i) {
+                       if (data_.count(wanted[i]) != 0) continue;  // set here meanwhile
+                       store(wanted[i], std::move((*values)[i]));
+                       fetched_.insert(wanted[i]);
+                     }
+                   });
+  }
+
+  void drop_fetched() {
+    for (const auto& key : fetched_) {
+      if (auto it = data_.find(key); it != data_.end()) {
+        stored_bytes_ -= key.size() + it->second.size();
+        data_.erase(it);
+      }
+    }
+    fetched_.clear();
+  }
+
+  void fail_waiters_of(const std::vector<std::string>& keys, const std::string& message) {
+    std::set<ConnId> failing;
+    for (const auto& key : keys) {
+      if (auto it = key_waiters_.find(key); it != key_waiters_.end())
+        failing.insert(it->second.begin(), it->second.end());
+    }
+    for (ConnId id : failing) {
+      auto it = conns_.find(id);
+      if (it == conns_.end()) continue;
+      unpark(id, it->second);
+      reply_error(it->second, message);
+    }
+  }
+
+  // --- keys ----------------------------------------------------------------------------------
   void park(ConnId id, Conn& conn, Waiting what, std::vector<std::string> keys,
             std::uint64_t timeout_ms) {
     conn.waiting = what;
@@ -431,8 +840,11 @@ class TcpStoreServer::Impl {
   }
 
   void store(const std::string& key, Bytes value) {
-    data_[key] = std::move(value);
-    update_key_count();
+    auto [slot, inserted] = data_.try_emplace(key);
+    if (!inserted) stored_bytes_ -= key.size() + slot->second.size();
+    slot->second = std::move(value);
+    stored_bytes_ += key.size() + slot->second.size();
+    if (relay_) fetched_.erase(key);  // callers that fetched re-add it
     auto it = key_waiters_.find(key);
     if (it == key_waiters_.end()) return;
     auto waiters = std::move(it->second);
@@ -443,6 +855,7 @@ class TcpStoreServer::Impl {
       Conn& conn = conn_it->second;
       if (conn.waiting == Waiting::get) {
         conn.waiting = Waiting::none;
+        conn.keys.clear();
         send(conn, Op::ok, proto::PayloadWriter().bytes(data_[key]).take());
       } else if (conn.waiting == Waiting::wait || conn.waiting == Waiting::get_many) {
         std::erase(conn.keys, key);
@@ -451,12 +864,21 @@ class TcpStoreServer::Impl {
     }
   }
 
+  bool forget(const std::string& key) {
+    auto it = data_.find(key);
+    if (it == data_.end()) return false;
+    stored_bytes_ -= key.size() + it->second.size();
+    data_.erase(it);
+    fetched_.erase(key);
+    return true;
+  }
+
   // Every key of a wait/get_many exists: reply (with the values, in order, for get_many).
   void finish_wait(Conn& conn, bool with_values) {
     conn.waiting = Waiting::none;
     if (!with_values) return send(conn, Op::ok, {});
-    proto::PayloadWriter reply;
-    reply.u64(conn.requested.size());
+    std::vector<const Bytes*> values;
+    values.reserve(conn.requested.size());
     for (const auto& key : conn.requested) {
       auto it = data_.find(key);
       if (it == data_.end()) {  // removed by another client while this one waited
@@ -464,10 +886,10 @@ class TcpStoreServer::Impl {
         return reply_error(conn,
                            "get_many: key '" + key + "' was removed while waiting for the others");
       }
-      reply.bytes(it->second);
+      values.push_back(&it->second);
     }
     conn.requested.clear();
-    send(conn, Op::ok, reply.data());
+    send(conn, Op::ok, proto::encode_gathered(values));
   }
 
   // Takes conn out of whatever it waits for (timeout, disconnect).
@@ -483,25 +905,24 @@ class TcpStoreServer::Impl {
     conn.waiting = Waiting::none;
   }
 
-  std::string describe_missing(std::uint64_t generation) const {
-    const Fence* fence = nullptr;
-    if (auto it = fences_.find(generation); it != fences_.end()) fence = &it->second;
+  // --- timeouts and diagnostics ----------------------------------------------------------------
+  std::string describe_missing(const std::set<int>& arrived) const {
     std::string missing;
     std::size_t listed = 0, total = 0;
-    for (int rank = 0; rank < world_size_; ++rank) {
-      if (fence != nullptr && fence->arrived.count(rank) != 0) continue;
+    for (int rank : participant_list()) {
+      if (arrived.count(rank) != 0) continue;
       ++total;
       if (listed == kMaxMissingListed) continue;
       ++listed;
       const char* state = rank_conn_.count(rank) != 0  ? "connected, not at the fence"
                           : departed_.count(rank) != 0 ? "disconnected"
+                          : relays_ > 0                ? "not arrived"
                                                        : "never connected";
       if (!missing.empty()) missing += ", ";
       missing += std::to_string(rank) + " (" + state + ")";
     }
     if (total > listed) missing += ", and " + std::to_string(total - listed) + " more";
-    std::size_t arrived = fence != nullptr ? fence->arrived.size() : 0;
-    return std::to_string(arrived) + " of " + std::to_string(world_size_) +
+    return std::to_string(arrived.size()) + " of " + std::to_string(participant_count()) +
            " ranks arrived; missing ranks: " + missing;
   }
 
@@ -513,7 +934,8 @@ class TcpStoreServer::Impl {
                          std::to_string(options_.auth_timeout.count()) + " ms");
         continue;
       }
-      if (conn.waiting == Waiting::none || now < conn.deadline) continue;
+      if (conn.waiting == Waiting::none || conn.waiting == Waiting::upstream || now < conn.deadline)
+        continue;
       auto after = " timed out after " + std::to_string(conn.timeout_ms) + " ms";
       if (conn.waiting == Waiting::get) {
         reply_error(conn, "get '" + conn.keys.front() + "'" + after + " (no one set it)");
@@ -525,37 +947,46 @@ class TcpStoreServer::Impl {
         reply_error(conn, std::string(conn.waiting == Waiting::wait ? "wait" : "get_many") + after +
                               "; missing keys: " + keys);
         unpark(id, conn);
-      } else {
+      } else if (conn.waiting == Waiting::fence) {
         fail_fence(conn.generation, "fence " + std::to_string(conn.generation) + after + ": ");
+      } else {
+        fail_gather(conn.gather, "allgather '" + conn.gather + "'" + after + ": ");
       }
     }
   }
 
-  // A fence fails for all its waiters at once, with the same message, when the first deadline
-  // passes: they all wait for the same missing ranks.
+  // A collective fails for all its waiters at once, with the same message, when the first
+  // deadline passes: they all wait for the same missing ranks. One that went upstream is the
+  // upstream's to fail (its answer names the missing ranks of the whole job).
   void fail_fence(std::uint64_t generation, const std::string& prefix) {
     auto it = fences_.find(generation);
-    if (it == fences_.end()) return;
-    auto message = prefix + describe_missing(generation);
+    if (it == fences_.end() || it->second.forwarded) return;
+    auto message = prefix + describe_missing(it->second.arrived);
     options_.log(message);
-    for (ConnId waiter : it->second.waiters) {
-      if (auto c = conns_.find(waiter); c != conns_.end() && c->second.waiting == Waiting::fence) {
-        c->second.waiting = Waiting::none;
-        reply_error(c->second, message);
-      }
-    }
+    release(it->second.waiters, Waiting::fence, error_frame(message));
     fences_.erase(it);
   }
 
-  void reply_error(Conn& conn, const std::string& message) {
-    send(conn, Op::error, proto::PayloadWriter().str(message).take());
+  void fail_gather(const std::string& name, const std::string& prefix) {
+    auto it = gathers_.find(name);
+    if (it == gathers_.end() || it->second.forwarded) return;
+    std::set<int> arrived;
+    for (const auto& [rank, value] : it->second.values) arrived.insert(rank);
+    auto message = prefix + describe_missing(arrived);
+    options_.log(message);
+    release(it->second.waiters, Waiting::allgather, error_frame(message));
+    gathers_.erase(it);
   }
 
+  // --- output ----------------------------------------------------------------------------------
+  static SharedFrame error_frame(const std::string& message) {
+    return shared_frame(Op::error, proto::PayloadWriter().str(message).take());
+  }
+
+  void reply_error(Conn& conn, const std::string& message) { enqueue(conn, error_frame(message)); }
+
   void refuse(Conn& conn, const std::string& why) {
-    {
-      std::lock_guard lock(stats_mutex_);
-      ++stats_.refused_frames;
-    }
+    ++counters_.refused_frames;
     options_.log("refused " + conn.peer +
                  (conn.rank >= 0 ? " (rank " + std::to_string(conn.rank) + ")" : "") + ": " + why);
     reply_error(conn, why);
@@ -565,36 +996,44 @@ class TcpStoreServer::Impl {
   void close_after_reply(Conn& conn) {
     conn.closing = true;
     conn.in.clear();
-    if (conn.out_sent == conn.out.size()) conn.dead = true;
+    if (conn.out.empty()) conn.dead = true;
   }
 
   void send(Conn& conn, Op op, std::span<const std::byte> payload) {
-    auto frame = proto::encode_frame(op, payload);
-    conn.out.insert(conn.out.end(), frame.begin(), frame.end());
+    enqueue(conn, shared_frame(op, payload));
+  }
+
+  void enqueue(Conn& conn, SharedFrame frame) {
+    conn.out.push_back(std::move(frame));
     flush(conn);
   }
 
   void flush(Conn& conn) {
-    while (conn.out_sent < conn.out.size()) {
-      ssize_t n = ::send(conn.fd.get(), conn.out.data() + conn.out_sent,
-                         conn.out.size() - conn.out_sent, MSG_NOSIGNAL | MSG_DONTWAIT);
+    while (!conn.out.empty()) {
+      const Bytes& front = *conn.out.front();
+      ssize_t n = ::send(conn.fd.get(), front.data() + conn.out_sent, front.size() - conn.out_sent,
+                         MSG_NOSIGNAL | MSG_DONTWAIT);
       if (n < 0) {
         if (errno == EINTR) continue;
         if (errno == EAGAIN || errno == EWOULDBLOCK) return;
         conn.dead = true;
         return;
       }
+      counters_.bytes_out += static_cast<std::uint64_t>(n);
+      if (conn.relay) counters_.relay_bytes_out += static_cast<std::uint64_t>(n);
       conn.out_sent += static_cast<std::size_t>(n);
+      if (conn.out_sent == front.size()) {
+        conn.out.pop_front();
+        conn.out_sent = 0;
+      }
     }
-    conn.out.clear();
-    conn.out_sent = 0;
     if (conn.closing) conn.dead = true;
   }
 
   void drop(Conn& conn) { conn.dead = true; }
 
-  // Removes dead connections: their fence arrivals no longer count (the peer is gone), and
-  // their rank is remembered as departed for fence diagnostics.
+  // Removes dead connections: their arrivals at a collective that has not gone upstream no
+  // longer count (the peer is gone), and their rank is remembered as departed for diagnostics.
   void sweep() {
     for (auto it = conns_.begin(); it != conns_.end();) {
       Conn& conn = it->second;
@@ -603,10 +1042,16 @@ class TcpStoreServer::Impl {
         continue;
       }
       if (conn.waiting == Waiting::fence) {
-        if (auto f = fences_.find(conn.generation); f != fences_.end()) {
-          f->second.arrived.erase(conn.rank);
+        if (auto f = fences_.find(conn.generation); f != fences_.end() && !f->second.forwarded) {
+          for (int rank : conn.arrived_for) f->second.arrived.erase(rank);
           std::erase(f->second.waiters, it->first);
           if (f->second.waiters.empty()) fences_.erase(f);
+        }
+      } else if (conn.waiting == Waiting::allgather) {
+        if (auto g = gathers_.find(conn.gather); g != gathers_.end() && !g->second.forwarded) {
+          for (int rank : conn.arrived_for) g->second.values.erase(rank);
+          std::erase(g->second.waiters, it->first);
+          if (g->second.waiters.empty()) gathers_.erase(g);
         }
       }
       unpark(it->first, conn);
@@ -618,16 +1063,15 @@ class TcpStoreServer::Impl {
       }
       it = conns_.erase(it);
     }
-    update_client_count();
+    relays_ = 0;
+    for (const auto& [id, conn] : conns_) relays_ += conn.relay ? 1 : 0;
   }
 
-  void update_client_count() {
-    std::lock_guard lock(stats_mutex_);
-    stats_.clients = conns_.size();
-  }
-  void update_key_count() {
-    std::lock_guard lock(stats_mutex_);
-    stats_.keys = data_.size();
+  void publish_stats() {
+    counters_.clients = conns_.size();
+    counters_.keys = data_.size();
+    counters_.stored_bytes = stored_bytes_;
+    counters_.cpu_seconds = thread_cpu_seconds();
   }
 
   TcpStoreServerOptions options_;
@@ -641,32 +1085,90 @@ class TcpStoreServer::Impl {
 
   // Owned by the serving thread.
   int world_size_ = 0;
+  const bool relay_;
+  const std::set<int> below_;  // relay: the ranks it stands for
+  std::unique_ptr<UpstreamLanes> lanes_;
   ConnId next_id_ = 1;
   Clock::time_point accept_paused_until_{};
   std::map<ConnId, Conn> conns_;
+  std::size_t relays_ = 0;  // relay clients connected now
   std::unordered_map<std::string, Bytes> data_;
+  std::size_t stored_bytes_ = 0;
+  std::set<std::string> fetched_;    // relay: keys held as copies of upstream values
+  std::set<std::string> in_flight_;  // relay: keys asked upstream, no answer yet
+  std::vector<std::pair<std::string, Bytes>> pending_sets_;  // relay: set here, not yet upstream
+  int sets_in_flight_ = 0;                                   // relay: set_many batches upstream
+  std::vector<std::function<void()>> behind_sets_;           // relay: waiting for them
+  std::string set_failure_;  // relay: why values set here did not reach upstream
   std::unordered_map<std::string, std::set<ConnId>> key_waiters_;
   std::map<std::uint64_t, Fence> fences_;
+  std::map<std::string, Gather> gathers_;
   std::map<int, ConnId> rank_conn_;
   std::set<int> departed_;
-
-  mutable std::mutex stats_mutex_;
-  Stats stats_;
+  // Written by the serving thread, read by stats() from any thread.
+  struct Counters {
+    std::atomic<std::size_t> clients{0}, peak_clients{0}, peak_rank_clients{0}, refused_auth{0},
+        refused_frames{0}, keys{0}, stored_bytes{0};
+    std::atomic<std::uint64_t> requests{0}, bytes_in{0}, bytes_out{0}, relay_bytes_in{0},
+        relay_bytes_out{0};
+    std::atomic<double> cpu_seconds{0};
+  };
+  Counters counters_;
 };
 
+TcpStoreListener::TcpStoreListener(TcpStoreListener&& other) noexcept
+    : fd_(std::exchange(other.fd_, -1)), port_(other.port_) {}
+
+TcpStoreListener& TcpStoreListener::operator=(TcpStoreListener&& other) noexcept {
+  if (this != &other) {
+    if (fd_ >= 0) ::close(fd_);
+    fd_ = std::exchange(other.fd_, -1);
+    port_ = other.port_;
+  }
+  return *this;
+}
+
+TcpStoreListener::~TcpStoreListener() {
+  if (fd_ >= 0) ::close(fd_);
+}
+
+Result<TcpStoreListener> TcpStoreListener::open(const std::string& bind_host, std::uint16_t port) {
+  auto listener = net::listen_tcp({bind_host, port}, 4096);
+  if (!listener) return listener.error();
+  auto bound = net::local_port(listener->get());
+  return TcpStoreListener(listener->release(), bound);
+}
+
 Result<std::unique_ptr<TcpStoreServer>> TcpStoreServer::start(TcpStoreServerOptions options) {
+  auto listener = TcpStoreListener::open(options.bind_host, options.port);
+  if (!listener) return listener.error();
+  return start(std::move(options), std::move(*listener));
+}
+
+Result<std::unique_ptr<TcpStoreServer>> TcpStoreServer::start(TcpStoreServerOptions options,
+                                                              TcpStoreListener listener) {
   if (options.secret.empty())
     return make_error("wireup tcp store: empty secret (every job needs one)");
   if (options.world_size < 0) return make_error("wireup tcp store: negative world size");
-  auto listener = net::listen_tcp({options.bind_host, options.port}, 4096);
-  if (!listener) return listener.error();
+  if (!options.upstream.empty()) {
+    if (options.world_size == 0) return make_error("wireup tcp relay: world size not set");
+    if (auto where = net::parse_host_port(options.upstream, "relay upstream"); !where)
+      return where.error();
+    for (int rank : options.ranks) {
+      if (rank < 0 || rank >= options.world_size) {
+        return make_error("wireup tcp relay: rank " + std::to_string(rank) +
+                          " is outside the world size " + std::to_string(options.world_size));
+      }
+    }
+  }
+  net::Fd fd(std::exchange(listener.fd_, -1));
   net::Fd wake(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
   if (!wake.valid())
     return make_error(std::string("wireup tcp store: eventfd: ") + std::strerror(errno));
-  auto port = net::local_port(listener->get());
+  auto port = net::local_port(fd.get());
   auto host = options.bind_host;
   if (host.find(':') != std::string::npos) host = "[" + host + "]";
-  auto impl = std::make_unique<Impl>(std::move(options), std::move(*listener), std::move(wake),
+  auto impl = std::make_unique<Impl>(std::move(options), std::move(fd), std::move(wake),
                                      host + ":" + std::to_string(port));
   impl->start();
   return std::unique_ptr<TcpStoreServer>(new TcpStoreServer(std::move(impl)));

@@ -4,14 +4,16 @@
 //
 //   bench_wireup <wireup_peer> <mpi_allgather> [ranks=64] [bytes=4096] [rounds=5]
 //
-// Per backend: exchange time = the slowest rank's put+fence+get-all per round (median over
-// rounds); wall time = from starting the processes to the last exit (start-up included).
+// Per backend: exchange time = the slowest rank's KvStore::allgather per round (median over
+// rounds; the backend's own bulk way: TCP one round trip, PMIx one collecting fence, PMI2
+// Slurm's fence); wall time = from starting the processes to the last exit (start-up included).
+// "tcp-kv" is the same exchange done by hand through the same TCP store (put, fence, get_many of
+// the others), the way every exchange went before allgather.
 // PMI2 and PMIx run only under the local Slurm test cluster (SLURM_CONF set, e.g. after
 // `. DIR/env` from tests/slurm/cluster-start); otherwise their lines say why they were not run.
 // One JSON object per line; no pass/fail on timing.
 #include <fcntl.h>
 #include <spawn.h>
-#include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -38,17 +40,12 @@ struct Measured {
   std::string error;  // non-empty: not measured, and why
   double exchange_ms = 0;
   double wall_ms = 0;
-  std::vector<double> rounds_ms;      // slowest rank per round
-  std::vector<double> get_rounds_ms;  // of which reading the others' values (slowest rank)
-  double server_cpu_ms = -1;          // tcp: CPU time of the store's thread (this process)
+  std::vector<double> rounds_ms;       // slowest rank per round
+  std::vector<double> get_rounds_ms;   // of which reading the others' values (slowest rank)
+  double server_cpu_ms = -1;           // tcp: CPU time of the store's serving thread
+  std::uint64_t server_bytes_out = 0;  // tcp: what the store sent, start-up and all rounds
+  std::uint64_t server_requests = 0;
 };
-
-double process_cpu_ms() {
-  rusage usage{};
-  getrusage(RUSAGE_SELF, &usage);
-  return (usage.ru_utime.tv_sec + usage.ru_stime.tv_sec) * 1e3 +
-         (usage.ru_utime.tv_usec + usage.ru_stime.tv_usec) / 1e3;
-}
 
 Measured not_measured(std::string why) {
   Measured m;
@@ -113,11 +110,11 @@ std::string run_command(const std::string& command, int& status) {
   return output;
 }
 
-Measured run_tcp(const std::string& peer, int ranks, int bytes, int rounds) {
+Measured run_tcp(const std::string& peer, const std::string& mode, int ranks, int bytes,
+                 int rounds) {
   TcpStoreServerOptions options;
   options.secret = "bench-secret";
   options.world_size = ranks;
-  auto cpu_before_ms = process_cpu_ms();
   auto server = TcpStoreServer::start(options);
   if (!server) return not_measured(server.error().message);
   char pattern[] = "/tmp/wireup-bench-XXXXXX";
@@ -125,7 +122,7 @@ Measured run_tcp(const std::string& peer, int ranks, int bytes, int rounds) {
   auto start = Clock::now();
   std::vector<pid_t> pids;
   for (int rank = 0; rank < ranks; ++rank) {
-    std::vector<std::string> args{peer, "exchange", std::to_string(bytes), "60000",
+    std::vector<std::string> args{peer, mode, std::to_string(bytes), "60000",
                                   std::to_string(rounds)};
     std::vector<std::string> env{"TOPOLAUNCH_STORE_ADDR=" + (*server)->address(),
                                  "TOPOLAUNCH_STORE_SECRET=bench-secret",
@@ -159,11 +156,14 @@ Measured run_tcp(const std::string& peer, int ranks, int bytes, int rounds) {
     text << in.rdbuf();
     output += text.str();
   }
+  auto stats = (*server)->stats();
   (*server)->stop();
-  auto server_cpu_ms = process_cpu_ms() - cpu_before_ms;  // the main thread only waited
+  auto server_cpu_ms = stats.cpu_seconds * 1e3;
   std::system(("rm -rf " + dir).c_str());
   auto m = from_lines(output, ranks, wall);
   m.server_cpu_ms = server_cpu_ms;
+  m.server_bytes_out = stats.bytes_out;
+  m.server_requests = stats.requests;
   if (failed > 0) m.error = std::to_string(failed) + " ranks failed";
   return m;
 }
@@ -214,7 +214,8 @@ int main(int argc, char** argv) {
     const char* backend;
     Measured measured;
   };
-  std::vector<Run> runs{{"tcp", run_tcp(peer, ranks, bytes, rounds)},
+  std::vector<Run> runs{{"tcp", run_tcp(peer, "exchange", ranks, bytes, rounds)},
+                        {"tcp-kv", run_tcp(peer, "exchange-kv", ranks, bytes, rounds)},
                         {"pmi2", run_srun("pmi2", peer, ranks, bytes, rounds)},
                         {"pmix", run_srun("pmix", peer, ranks, bytes, rounds)}};
   // The host's load during the run: these are wall-clock figures on shared cores.
@@ -247,8 +248,12 @@ int main(int argc, char** argv) {
     } else {
       line["exchange_ms_median"] = run.measured.exchange_ms;
       line["exchange_ms_rounds"] = run.measured.rounds_ms;
-      line["get_ms_rounds"] = run.measured.get_rounds_ms;
-      if (run.measured.server_cpu_ms >= 0) line["server_cpu_ms"] = run.measured.server_cpu_ms;
+      if (!run.measured.get_rounds_ms.empty()) line["get_ms_rounds"] = run.measured.get_rounds_ms;
+      if (run.measured.server_cpu_ms >= 0) {
+        line["server_cpu_ms"] = run.measured.server_cpu_ms;
+        line["server_bytes_out"] = run.measured.server_bytes_out;
+        line["server_requests"] = run.measured.server_requests;
+      }
       line["wall_ms"] = run.measured.wall_ms;
       if (mpi.error.empty()) {
         line["ratio_exchange"] =

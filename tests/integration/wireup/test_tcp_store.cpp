@@ -478,23 +478,26 @@ TEST_CASE("stop() ends blocked clients' calls with an error and leaks no fd or t
   CHECK(threads_settled(threads_before) == threads_before);
 }
 
-TEST_CASE("8 processes put, fence and get every other rank's 4 KiB value") {
-  LogLines log;
-  constexpr int kRanks = 8;
-  auto server = start_server(kRanks, log);
-  TempDir dir;
-  std::vector<Peer> peers;
-  for (int rank = 0; rank < kRanks; ++rank) {
-    peers.push_back(
-        spawn_peer(dir, {"exchange", "4096", "10000", "2"}, peer_env(*server, rank, kRanks)));
+TEST_CASE("8 processes exchange 4 KiB values: allgather, and put + fence + get_many") {
+  for (const char* mode : {"exchange", "exchange-kv"}) {
+    INFO("wireup_peer " << mode);
+    LogLines log;
+    constexpr int kRanks = 8;
+    auto server = start_server(kRanks, log);
+    TempDir dir;
+    std::vector<Peer> peers;
+    for (int rank = 0; rank < kRanks; ++rank) {
+      peers.push_back(
+          spawn_peer(dir, {mode, "4096", "10000", "2"}, peer_env(*server, rank, kRanks)));
+    }
+    for (auto& peer : peers) {
+      wait_peer(peer);
+      INFO("stderr: " << peer.err());
+      CHECK(exited_with(peer, 0));
+      CHECK(peer.out().find("\"exchange_us\":[") != std::string::npos);
+    }
+    CHECK(server->stats().keys == 2 * kRanks);
   }
-  for (auto& peer : peers) {
-    wait_peer(peer);
-    INFO("stderr: " << peer.err());
-    CHECK(exited_with(peer, 0));
-    CHECK(peer.out().find("\"exchange_us\":[") != std::string::npos);
-  }
-  CHECK(server->stats().keys == 2 * kRanks);
 }
 
 TEST_CASE("a process started with the wrong secret exits with the reason") {

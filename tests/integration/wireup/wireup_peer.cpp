@@ -2,9 +2,11 @@
 // environment like any worker (connect_from_env).
 //
 //   wireup_peer exchange <value_bytes> <timeout_ms> [rounds]
-//       fence; then per round: put "r<round>/<rank>", fence, get every other rank's value
-//       (get_many) and check its content. Prints {"rank":R,"exchange_us":[...]} (one figure per
-//       round).
+//       fence; then per round: allgather "r<round>" (every rank's value, the backend's own bulk
+//       way) and check every value. Prints {"rank":R,"exchange_us":[...]} (one figure per round).
+//   wireup_peer exchange-kv <value_bytes> <timeout_ms> [rounds]
+//       the same by hand: put "r<round>/<rank>", fence, get every other rank's value (get_many);
+//       also prints "get_us" (the part after the fence).
 //   wireup_peer shared <timeout_ms>
 //       rank 0 puts one key that is not per-rank (shared_key, like an NCCL unique id), fence,
 //       every rank gets and checks it. Prints {"rank":R,"shared":"ok"}.
@@ -68,7 +70,8 @@ int main(int argc, char** argv) {
                 std::string(kv.backend()).c_str());
     return 0;
   }
-  if (mode != "exchange" || argc < 4) return fail("bad arguments");
+  if ((mode != "exchange" && mode != "exchange-kv") || argc < 4) return fail("bad arguments");
+  const bool by_hand = mode == "exchange-kv";
   std::size_t bytes = std::strtoull(argv[2], nullptr, 10);
   milliseconds timeout(std::strtoll(argv[3], nullptr, 10));
   int rounds = argc > 4 ? std::atoi(argv[4]) : 1;
@@ -78,23 +81,36 @@ int main(int argc, char** argv) {
   for (int round = 0; round < rounds; ++round) {
     auto name = "r" + std::to_string(round);
     auto start = std::chrono::steady_clock::now();
-    if (auto r = kv.put(rank_key(name, kv.rank()), value_of(kv.rank(), round, bytes)); !r) {
-      return fail(r.error().message);
-    }
-    if (auto r = kv.fence(timeout); !r) return fail(r.error().message);
-    auto fenced = std::chrono::steady_clock::now();
-    std::vector<std::string> keys;
-    std::vector<int> owners;
-    for (int peer = 0; peer < kv.size(); ++peer) {
-      if (peer == kv.rank()) continue;
-      keys.push_back(rank_key(name, peer));
-      owners.push_back(peer);
-    }
-    auto values = kv.get_many(keys, timeout);
-    if (!values) return fail(values.error().message);
-    for (std::size_t i = 0; i < owners.size(); ++i) {
-      if ((*values)[i] != value_of(owners[i], round, bytes)) {
-        return fail("wrong value from rank " + std::to_string(owners[i]));
+    auto fenced = start;
+    if (!by_hand) {
+      auto values = kv.allgather(name, value_of(kv.rank(), round, bytes), timeout);
+      if (!values) return fail(values.error().message);
+      if (values->size() != static_cast<std::size_t>(kv.size()))
+        return fail("allgather returned " + std::to_string(values->size()) + " values");
+      for (int peer = 0; peer < kv.size(); ++peer) {
+        if ((*values)[peer] != value_of(peer, round, bytes))
+          return fail("wrong value from rank " + std::to_string(peer));
+      }
+      fenced = std::chrono::steady_clock::now();
+    } else {
+      if (auto r = kv.put(rank_key(name, kv.rank()), value_of(kv.rank(), round, bytes)); !r) {
+        return fail(r.error().message);
+      }
+      if (auto r = kv.fence(timeout); !r) return fail(r.error().message);
+      fenced = std::chrono::steady_clock::now();
+      std::vector<std::string> keys;
+      std::vector<int> owners;
+      for (int peer = 0; peer < kv.size(); ++peer) {
+        if (peer == kv.rank()) continue;
+        keys.push_back(rank_key(name, peer));
+        owners.push_back(peer);
+      }
+      auto values = kv.get_many(keys, timeout);
+      if (!values) return fail(values.error().message);
+      for (std::size_t i = 0; i < owners.size(); ++i) {
+        if ((*values)[i] != value_of(owners[i], round, bytes)) {
+          return fail("wrong value from rank " + std::to_string(owners[i]));
+        }
       }
     }
     auto us = std::chrono::duration_cast<std::chrono::microseconds>(
@@ -104,8 +120,8 @@ int main(int argc, char** argv) {
         std::chrono::steady_clock::now() - fenced);
     get_times += (round ? "," : "") + std::to_string(get_us.count());
   }
-  std::printf("{\"rank\":%d,\"size\":%d,\"backend\":\"%s\",\"exchange_us\":[%s],\"get_us\":[%s]}\n",
-              kv.rank(), kv.size(), std::string(kv.backend()).c_str(), times.c_str(),
-              get_times.c_str());
+  std::printf("{\"rank\":%d,\"size\":%d,\"backend\":\"%s\",\"exchange_us\":[%s]%s}\n", kv.rank(),
+              kv.size(), std::string(kv.backend()).c_str(), times.c_str(),
+              by_hand ? (",\"get_us\":[" + get_times + "]").c_str() : "");
   return 0;
 }

@@ -1,6 +1,15 @@
-// The agents' wireup backend: srun's --mpi= for [wireup].backend and what an agent connects to.
+// The agents' wireup: srun's --mpi= for [wireup].backend and what an agent connects to; their
+// exchange of records and distinct topologies; the relay tree's shape.
+#include <atomic>
+#include <barrier>
+#include <map>
+#include <mutex>
+#include <thread>
+
 #include "catch.hpp"
 #include "topolaunch/launcher/agent_wireup.hpp"
+#include "topolaunch/topology/discover.hpp"
+#include "topolaunch/topology/serialize.hpp"
 
 using namespace topolaunch::launcher;
 using topolaunch::wireup::Backend;
@@ -77,4 +86,187 @@ TEST_CASE("the agent's PMI variables are not the workers'") {
   CHECK_FALSE(is_agent_pmi_variable("PMIX_MCA_gds"));
   CHECK_FALSE(is_agent_pmi_variable("SLURM_PROCID"));
   CHECK_FALSE(is_agent_pmi_variable("TOPOLAUNCH_STORE_ADDR"));
+}
+
+// --- the agents' exchange and the relay tree ---------------------------------------------------
+namespace {
+
+namespace tt = topolaunch::topology;
+namespace tw = topolaunch::wireup;
+
+// An in-process KvStore for N agent threads: one table, a barrier for fence; counts what every
+// rank reads, so a test can say how much travelled.
+struct SharedTable {
+  explicit SharedTable(int n) : size(n), arrivals(n) {}
+  const int size;
+  std::mutex mutex;
+  std::map<std::string, tw::Bytes> values;
+  std::barrier<> arrivals;
+  std::atomic<std::size_t> bytes_read{0};
+};
+
+class TableStore final : public tw::KvStore {
+ public:
+  TableStore(SharedTable& table, int rank) : table_(table), rank_(rank) {}
+  int rank() const override { return rank_; }
+  int size() const override { return table_.size; }
+  std::string_view backend() const override { return "table"; }
+  using tw::KvStore::put;
+  topolaunch::Status put(std::string_view key, std::span<const std::byte> value) override {
+    staged_.emplace_back(std::string(key), tw::Bytes(value.begin(), value.end()));
+    return topolaunch::ok_status();
+  }
+  topolaunch::Status commit() override {
+    std::lock_guard lock(table_.mutex);
+    for (auto& [key, value] : staged_) table_.values[key] = std::move(value);
+    staged_.clear();
+    return topolaunch::ok_status();
+  }
+  topolaunch::Status fence(tw::milliseconds) override {
+    (void)commit();
+    table_.arrivals.arrive_and_wait();
+    return topolaunch::ok_status();
+  }
+  topolaunch::Result<tw::Bytes> get(std::string_view key, tw::milliseconds) override {
+    std::lock_guard lock(table_.mutex);
+    auto it = table_.values.find(std::string(key));
+    if (it == table_.values.end()) return topolaunch::make_error("no key " + std::string(key));
+    table_.bytes_read += it->second.size();
+    return it->second;
+  }
+
+ private:
+  SharedTable& table_;
+  int rank_;
+  std::vector<std::pair<std::string, tw::Bytes>> staged_;
+};
+
+std::shared_ptr<const tt::NodeTopology> fixture(const char* type) {
+  auto path = std::string(TOPOLAUNCH_SOURCE_ROOT) + "/tests/fixtures/slurm/" + type + ".pci.xml";
+  auto topo = tt::load_topology_file(path);
+  REQUIRE(topo.ok());
+  return std::make_shared<const tt::NodeTopology>(std::move(*topo));
+}
+
+}  // namespace
+
+TEST_CASE("the relay tree has fan-out 16: parents, and subtrees that cover every agent once") {
+  CHECK(relay_parent(0) == -1);
+  CHECK(relay_parent(1) == 0);
+  CHECK(relay_parent(16) == 0);
+  CHECK(relay_parent(17) == 1);
+  CHECK(relay_parent(1023) == 63);
+  CHECK(relay_subtree(0, 5) == std::vector<int>{0, 1, 2, 3, 4});
+  CHECK(relay_subtree(1, 40) ==
+        std::vector<int>{1, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31, 32});
+  CHECK(relay_subtree(2, 40) == std::vector<int>{2, 33, 34, 35, 36, 37, 38, 39});
+  // 1,024 agents: the tree is four levels deep and every agent is in agent 0's subtree once.
+  CHECK(relay_subtree(0, 1024).size() == 1024);
+  int depth = 0;
+  for (int a = 1023; a >= 0; a = relay_parent(a)) ++depth;
+  CHECK(depth == 4);
+}
+
+TEST_CASE("a topology fingerprint is equal for equal descriptions and differs otherwise") {
+  auto h100 = tt::to_json(*fixture("dgx-h100"));
+  auto a100 = tt::to_json(*fixture("dgx-a100"));
+  CHECK(topology_fingerprint(h100) == topology_fingerprint(tt::to_json(*fixture("dgx-h100"))));
+  CHECK(topology_fingerprint(h100) != topology_fingerprint(a100));
+  CHECK(topology_fingerprint(h100).size() == 32);
+}
+
+TEST_CASE("agents exchange records and each distinct topology once, sharing identical ones") {
+  const std::vector<const char*> types{"dgx-h100", "dgx-h100", "pcie-l40s-8gpu", "dgx-a100",
+                                       "dgx-h100", "dgx-h100", "pcie-l40s-8gpu", "dgx-a100"};
+  const int agents = static_cast<int>(types.size());
+  std::map<std::string, std::shared_ptr<const tt::NodeTopology>> loaded;
+  for (const char* type : types) loaded.try_emplace(type, fixture(type));
+  SharedTable table(agents);
+  std::vector<topolaunch::Result<AgentExchange>> results(agents, topolaunch::make_error("not run"));
+  std::vector<std::thread> threads;
+  for (int rank = 0; rank < agents; ++rank) {
+    threads.emplace_back([&, rank] {
+      TableStore store(table, rank);
+      tt::NodeInput mine;
+      mine.name = "n" + std::to_string(rank + 1);
+      mine.topology = loaded.at(types[rank]);
+      results[rank] = exchange_node_inputs(store, mine, "10.0.0." + std::to_string(rank) + ":9",
+                                           std::chrono::seconds(5));
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (int rank = 0; rank < agents; ++rank) {
+    INFO("agent " << rank);
+    REQUIRE(results[rank].ok());
+    const AgentExchange& x = *results[rank];
+    CHECK(x.distinct_topologies == 3);
+    REQUIRE(x.nodes.size() == static_cast<std::size_t>(agents));
+    for (int a = 0; a < agents; ++a) {
+      CHECK(x.nodes[a].name == "n" + std::to_string(a + 1));
+      CHECK(x.relay_addresses[a] == "10.0.0." + std::to_string(a) + ":9");
+      CHECK(tt::to_json(*x.nodes[a].topology) == tt::to_json(*loaded.at(types[a])));
+    }
+    CHECK(x.nodes[0].topology == x.nodes[1].topology);  // one object per distinct description
+    CHECK(x.nodes[0].topology == x.nodes[4].topology);
+  }
+  // Each agent read the 8 records and the 2 descriptions it lacked: far less than 8 topologies.
+  const std::size_t one_topology = tt::to_json(*loaded.at("dgx-h100")).size();
+  CHECK(table.bytes_read < static_cast<std::size_t>(agents) * 3 * one_topology);
+  CHECK(table.bytes_read > static_cast<std::size_t>(agents) * one_topology);
+}
+
+TEST_CASE("identical nodes exchange records only, no descriptions and no second fence") {
+  auto h100 = fixture("dgx-h100");
+  SharedTable table(3);
+  std::vector<std::thread> threads;
+  std::atomic<int> ok{0};
+  for (int rank = 0; rank < 3; ++rank) {
+    threads.emplace_back([&, rank] {
+      TableStore store(table, rank);
+      tt::NodeInput mine{"n" + std::to_string(rank), h100, {}};
+      auto x = exchange_node_inputs(store, mine, "", std::chrono::seconds(5));
+      if (x && x->distinct_topologies == 1 && x->nodes[2].topology == h100) ++ok;
+    });
+  }
+  for (auto& t : threads) t.join();
+  CHECK(ok == 3);
+  CHECK(table.bytes_read < 3 * 3 * 400);  // three records of a few hundred bytes, each read 3x
+  for (const auto& [key, value] : table.values) CHECK(key.rfind("topo/", 0) != 0);
+}
+
+TEST_CASE("a node record carries the allocation through, and a bad record names its agent") {
+  tt::NodeInput node;
+  node.name = "gpu-node-17";
+  node.topology = fixture("dgx-a100");
+  node.allocation.all_gpus = false;
+  node.allocation.gpus = {1, 3};
+  node.allocation.gpu_uuids = {"GPU-aaaa", "GPU-bbbb"};
+  node.allocation.cuda_naming = tt::CudaNaming::visible_index;
+  node.allocation.cpus = tt::CpuSet::parse_list("0-15,128-143");
+  const std::string fingerprint = topology_fingerprint(tt::to_json(*node.topology));
+  auto record = node_record(node, fingerprint, "10.1.2.3:40001");
+  REQUIRE(record.ok());
+  CHECK(record->size() < 120);  // against ~22 KB for the node's whole description
+
+  // Through a one-agent exchange the record comes back as it went in.
+  SharedTable table(1);
+  TableStore store(table, 0);
+  auto x = exchange_node_inputs(store, node, "10.1.2.3:40001", std::chrono::seconds(1));
+  REQUIRE(x.ok());
+  CHECK(x->nodes[0].name == "gpu-node-17");
+  CHECK(x->nodes[0].allocation == node.allocation);
+  CHECK(x->relay_addresses[0] == "10.1.2.3:40001");
+
+  // A record that is not one: the error names the agent.
+  SharedTable bad_table(2);
+  TableStore good(bad_table, 0), broken(bad_table, 1);
+  std::thread other([&] { (void)broken.allgather("node", {}, std::chrono::seconds(1)); });
+  auto failed = exchange_node_inputs(good, node, "", std::chrono::seconds(1));
+  other.join();
+  REQUIRE_FALSE(failed.ok());
+  CHECK(has(failed.error().message, "agent 1: bad node record"));
+
+  tt::NodeInput tabbed = node;
+  tabbed.name = "bad\tname";
+  CHECK_FALSE(node_record(tabbed, fingerprint, "").ok());
 }

@@ -43,6 +43,26 @@ TEST_CASE("an empty value is a value, not an absence") {
   CHECK(in.at_end());
 }
 
+TEST_CASE("a gathered reply round-trips every rank's value in order, empty ones included") {
+  Bytes a = bytes_of("rank zero"), b, c{std::byte{0}, std::byte{0xff}};
+  auto payload = proto::encode_gathered({&a, &b, &c});
+  auto values = proto::decode_gathered(payload, 3);
+  REQUIRE(values.has_value());
+  CHECK((*values)[0] == a);
+  CHECK((*values)[1].empty());
+  CHECK((*values)[2] == c);
+}
+
+TEST_CASE("a gathered reply with another count, a short value or trailing bytes is refused") {
+  Bytes a = bytes_of("abc");
+  auto payload = proto::encode_gathered({&a, &a});
+  CHECK_FALSE(proto::decode_gathered(payload, 3).has_value());
+  CHECK_FALSE(proto::decode_gathered(std::span(payload).first(payload.size() - 1), 2).has_value());
+  auto longer = payload;
+  longer.push_back(std::byte{0});
+  CHECK_FALSE(proto::decode_gathered(longer, 2).has_value());
+}
+
 TEST_CASE("headers with a wrong magic, version or op, or too large, are refused with a reason") {
   auto good = proto::encode_frame(Op::get, bytes_of("abcd"));
 
@@ -52,12 +72,12 @@ TEST_CASE("headers with a wrong magic, version or op, or too large, are refused 
     REQUIRE_FALSE(r.ok());
     CHECK(r.error().message.find("magic") != std::string::npos);
   }
-  SECTION("another protocol version") {
+  SECTION("another protocol version (1: before allgather and relays)") {
     auto frame = good;
-    frame[4] = std::byte{2};
+    frame[4] = std::byte{1};
     auto r = proto::decode_header(frame, 1 << 20);
     REQUIRE_FALSE(r.ok());
-    CHECK(r.error().message.find("version 2") != std::string::npos);
+    CHECK(r.error().message.find("version 1") != std::string::npos);
   }
   SECTION("unknown op") {
     auto frame = good;

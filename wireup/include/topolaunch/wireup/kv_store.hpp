@@ -15,6 +15,11 @@
 //     committed values visible at once, and its get() waits for them; do not rely on that if the
 //     code must also run under PMIx/PMI2.)
 //   - get() blocks until the key exists or the timeout passes; values are binary-safe.
+//   - allgather() is the exchange most callers want (every rank's value of one round): a
+//     collective over all size() ranks that each backend does its own bulk way (TCP: one round
+//     trip, through the relay tree when there is one; PMIx: one collecting fence, then reads
+//     from the local copy; PMI2: the fence Slurm runs as a tree of slurmstepd, then reads from
+//     the node's slurmstepd).
 //   - Every call that can wait takes a timeout; a dead peer makes fence() fail with an error that
 //     names the ranks that did not arrive (TCP) instead of hanging.
 //   - An object is used by one thread at a time.
@@ -36,6 +41,11 @@ namespace topolaunch::wireup {
 using Bytes = std::vector<std::byte>;
 using Env = std::map<std::string, std::string>;
 using std::chrono::milliseconds;
+
+// "name/rank": the conventional key for a per-rank value (e.g. rank_key("topo", 3) == "topo/3").
+inline std::string rank_key(std::string_view name, int rank) {
+  return std::string(name) + "/" + std::to_string(rank);
+}
 
 class KvStore {
  public:
@@ -64,6 +74,21 @@ class KvStore {
     return values;
   }
 
+  // Every rank's value of the exchange `name`, indexed by rank, this rank's own included: put
+  // rank_key(name, rank()), fence, read every rank's. A collective: all size() ranks call it with
+  // the same name, once per round (a new round takes a new name). Afterwards get(rank_key(name,
+  // r)) also finds rank r's value. The default is exactly put + fence + get_many.
+  virtual Result<std::vector<Bytes>> allgather(std::string_view name,
+                                               std::span<const std::byte> mine,
+                                               milliseconds timeout) {
+    if (auto s = put(rank_key(name, rank()), mine); !s) return s.error();
+    if (auto s = fence(timeout); !s) return s.error();
+    std::vector<std::string> keys;
+    keys.reserve(static_cast<std::size_t>(size()));
+    for (int r = 0; r < size(); ++r) keys.push_back(rank_key(name, r));
+    return get_many(keys, timeout);
+  }
+
   // Conveniences over the virtuals above.
   Status put(std::string_view key, std::string_view text) {
     return put(key, std::as_bytes(std::span(text.data(), text.size())));
@@ -74,11 +99,6 @@ class KvStore {
     return std::string(reinterpret_cast<const char*>(value->data()), value->size());
   }
 };
-
-// "name/rank": the conventional key for a per-rank value (e.g. rank_key("topo", 3) == "topo/3").
-inline std::string rank_key(std::string_view name, int rank) {
-  return std::string(name) + "/" + std::to_string(rank);
-}
 
 // Which backend connect_from_env() picks, in this order:
 //   1. TOPOLAUNCH_WIREUP=tcp|pmix|pmi2 forces one (anything else is an error).
