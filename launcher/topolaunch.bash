@@ -7,7 +7,7 @@ _topolaunch() {
   local sub="" at=0 i
   for ((i = 1; i < cword; i++)); do
     case ${words[i]} in
-      check | map | run | preflight)
+      check | map | run | preflight | report)
         sub=${words[i]}
         at=$i
         break
@@ -16,7 +16,7 @@ _topolaunch() {
   done
   if [[ -z $sub ]]; then
     # `agent` is left out: run starts it through srun, people do not.
-    COMPREPLY=($(compgen -W "check map run preflight -h --help" -- "$cur"))
+    COMPREPLY=($(compgen -W "check map run preflight report -h --help" -- "$cur"))
     return
   fi
   # topolaunch run job.toml -- COMMAND...: complete the command as bash would.
@@ -42,6 +42,10 @@ _topolaunch() {
       _filedir -d
       return
       ;;
+    -o | --output)
+      _filedir html
+      return
+      ;;
     --level)
       COMPREPLY=($(compgen -W "quick full" -- "$cur"))
       return
@@ -59,11 +63,14 @@ _topolaunch() {
   case $sub in
     check) options="-h --help -q --quiet" ;;
     map) options="-h --help --topology --nodes --hosts --switch-tree --json" ;;
-    run) options="-h --help --topology --job-dir -q --quiet --json --local" ;;
+    run) options="-h --help --topology --job-dir -q --quiet --json --resume --local" ;;
     preflight) options="-h --help --json --level --transport --sysfs --node" ;;
+    report) options="-h --help -o --output" ;;
   esac
   if [[ $cur == -* ]]; then
     COMPREPLY=($(compgen -W "$options" -- "$cur"))
+  elif [[ $sub == report ]]; then
+    _filedir -d  # the job directory
   else
     _filedir toml
   fi

@@ -6,13 +6,12 @@ set -eu
 cd "$(dirname "$0")/.."
 build=${BUILD_DIR:-build-ci}
 rm -rf "$build"
-meson setup "$build" --buildtype=debugoptimized -Dbench=true >/dev/null
+meson setup "$build" --buildtype=debugoptimized -Dbench=true -Dsentencepiece=enabled >/dev/null
 ninja -C "$build" -j"$(nproc)"
 status=0
 meson test -C "$build" --no-rebuild --print-errorlogs \
   --suite unit --suite integration --suite slurm --suite scale --suite rdma --suite fault \
   --suite package || status=$?
-  status=$?
 python3 - "$build/meson-logs/testlog.json" <<'PY'
 import json, sys
 passed = failed = skipped = 0

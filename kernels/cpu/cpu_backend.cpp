@@ -1,11 +1,13 @@
 // The CPU backend: one arena, the plan's op list, the reference kernels.
 #include "topolaunch/kernels/cpu_backend.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <new>
 #include <stdexcept>
+#include <vector>
 
 #include "adamw.hpp"
 #include "attention.hpp"
@@ -15,6 +17,9 @@
 #include "layernorm.hpp"
 #include "matmul.hpp"
 #include "residual.hpp"
+#include "rmsnorm.hpp"
+#include "rope.hpp"
+#include "swiglu.hpp"
 #include "topolaunch/kernels/rng.hpp"
 
 namespace topolaunch::kernels {
@@ -86,7 +91,7 @@ double CpuExecutor<F>::last_grad_norm() {
 }
 
 template <class F>
-void CpuExecutor<F>::run_op(const Op& op, Communicator* comm, Status& status) {
+void CpuExecutor<F>::run_op(const Op& op, Communicator* comm, bool last, Status& status) {
   const Graph& g = plan_.graph;
   auto d = [&](TensorId t) { return data(t); };
   auto shape = [&](TensorId t) -> const std::vector<std::int64_t>& { return g[t].shape; };
@@ -142,15 +147,55 @@ void CpuExecutor<F>::run_op(const Op& op, Communicator* comm, Status& status) {
       break;
     }
     case OpKind::attention_forward: {
-      const auto& s = shape(op.inputs[0]);
+      const AttentionShape a = attention_shape(g, op, op.inputs[0]);
       cpu::attention_forward(d(op.outputs[0]), d(op.outputs[1]), d(op.workspace), d(op.inputs[0]),
-                             s[0], s[1], s[2] / 3, op.num_heads);
+                             a.B, a.T, a.C, a.NH, a.NKV);
       break;
     }
     case OpKind::attention_backward: {
-      const auto& s = shape(op.inputs[1]);
+      const AttentionShape a = attention_shape(g, op, op.inputs[1]);
       cpu::attention_backward(d(op.outputs[0]), d(op.workspace), d(op.inputs[0]), d(op.inputs[1]),
-                              d(op.inputs[2]), d(op.inputs[3]), s[0], s[1], s[2] / 3, op.num_heads);
+                              d(op.inputs[2]), d(op.inputs[3]), a.B, a.T, a.C, a.NH, a.NKV);
+      break;
+    }
+    case OpKind::rmsnorm_forward: {
+      const std::int64_t C = shape(op.inputs[1])[0], N = el(op.inputs[0]) / C;
+      cpu::rmsnorm_forward(d(op.outputs[0]), d(op.outputs[1]), d(op.inputs[0]), d(op.inputs[1]), N,
+                           C);
+      break;
+    }
+    case OpKind::residual_rmsnorm_forward: {
+      const std::int64_t C = shape(op.inputs[2])[0], N = el(op.inputs[0]) / C;
+      cpu::residual_rmsnorm_forward(d(op.outputs[0]), d(op.outputs[1]), d(op.outputs[2]),
+                                    d(op.inputs[0]), d(op.inputs[1]), d(op.inputs[2]), N, C);
+      break;
+    }
+    case OpKind::rmsnorm_backward: {
+      const std::int64_t C = shape(op.inputs[2])[0], N = el(op.inputs[0]) / C;
+      cpu::rmsnorm_backward(d(op.outputs[0]), d(op.outputs[1]), d(op.inputs[0]), d(op.inputs[1]),
+                            d(op.inputs[2]), d(op.inputs[3]), N, C);
+      break;
+    }
+    case OpKind::rope_forward: {
+      const AttentionShape a = attention_shape(g, op, op.inputs[0]);
+      cpu::rope_forward(d(op.outputs[0]), d(op.inputs[0]), a.B, a.T, a.C, a.NH, a.NKV,
+                        op.rope_theta);
+      break;
+    }
+    case OpKind::rope_backward: {
+      const AttentionShape a = attention_shape(g, op, op.inputs[0]);
+      cpu::rope_backward(d(op.outputs[0]), d(op.inputs[0]), a.B, a.T, a.C, a.NH, a.NKV,
+                         op.rope_theta);
+      break;
+    }
+    case OpKind::swiglu_forward: {
+      const std::int64_t H = shape(op.outputs[0]).back(), N = el(op.outputs[0]) / H;
+      cpu::swiglu_forward(d(op.outputs[0]), d(op.inputs[0]), N, H);
+      break;
+    }
+    case OpKind::swiglu_backward: {
+      const std::int64_t H = shape(op.inputs[0]).back(), N = el(op.inputs[0]) / H;
+      cpu::swiglu_backward(d(op.outputs[0]), d(op.inputs[0]), d(op.inputs[1]), N, H);
       break;
     }
     case OpKind::gelu_forward:
@@ -181,12 +226,39 @@ void CpuExecutor<F>::run_op(const Op& op, Communicator* comm, Status& status) {
       for (auto t : op.outputs) std::memset(static_cast<void*>(d(t)), 0, g[t].bytes());
       break;
     case OpKind::global_norm: {
+      // Each input in op.segments parts, summed part by part: a data-parallel plan's buckets in
+      // the ranks' segments, the order sharded_global_norm sums in.
       double s = 0;
-      for (auto t : op.inputs) s += cpu::sum_of_squares(d(t), el(t));
+      for (auto t : op.inputs) {
+        const std::size_t n = static_cast<std::size_t>(el(t));
+        for (int k = 0; k < op.segments; ++k) {
+          const std::size_t b = segment_begin(n, op.segments, k),
+                            e = segment_begin(n, op.segments, k + 1);
+          s += cpu::sum_of_squares(d(t) + b, static_cast<std::int64_t>(e - b));
+        }
+      }
       d(op.outputs[0])[0] = static_cast<F>(std::sqrt(s));
       break;
     }
-    case OpKind::adamw: {
+    case OpKind::sharded_global_norm: {
+      // This rank's segment of each bucket; every rank's partial sums, gathered, summed in
+      // (bucket, rank) order.
+      const int world = plan_.comm.world_size, rank = plan_.comm.rank;
+      const std::size_t nb = op.inputs.size();
+      std::vector<double> partial(nb * static_cast<std::size_t>(world), 0.0);
+      for (std::size_t k = 0; k < nb; ++k)
+        partial[static_cast<std::size_t>(rank) * nb + k] =
+            cpu::sum_of_squares(d(op.inputs[k]), el(op.inputs[k]));
+      if (comm != nullptr && world > 1)
+        if (auto st = comm->all_gather(std::span<double>(partial)); !st) status = st;
+      double s = 0;
+      for (std::size_t k = 0; k < nb; ++k)
+        for (int r = 0; r < world; ++r) s += partial[static_cast<std::size_t>(r) * nb + k];
+      d(op.outputs[0])[0] = static_cast<F>(std::sqrt(s));
+      break;
+    }
+    case OpKind::adamw:
+    case OpKind::sharded_adamw: {
       const F* sc = d(op.inputs[2]);
       const double norm = static_cast<double>(d(op.inputs[1])[0]);
       const double clip = static_cast<double>(sc[kGradClip]);
@@ -197,39 +269,96 @@ void CpuExecutor<F>::run_op(const Op& op, Communicator* comm, Status& status) {
                           static_cast<double>(sc[kWeightDecay]),
                           static_cast<double>(sc[kStep]),
                           clip > 0 && norm > clip ? clip / norm : 1.0};
-      cpu::adamw_update(d(op.outputs[0]), d(op.outputs[1]), d(op.outputs[2]), d(op.inputs[0]),
-                        el(op.inputs[0]), s, g[op.outputs[0]].decayed);
+      if (op.kind == OpKind::adamw) {
+        cpu::adamw_update(d(op.outputs[0]), d(op.outputs[1]), d(op.outputs[2]), d(op.inputs[0]),
+                          el(op.inputs[0]), s, g[op.outputs[0]].decayed);
+        break;
+      }
+      // Each member's elements within this rank's segment, with the member's weight decay.
+      const Bucket& b = bucket(op);
+      for (const BucketMember& m : b.members) {
+        const ShardSlice sl = shard_slice(b, m, plan_.comm.rank);
+        if (sl.count == 0) continue;
+        const std::int64_t o = sl.shard_offset;
+        cpu::adamw_update(d(op.outputs[0]) + o, d(op.outputs[1]) + o, d(op.outputs[2]) + o,
+                          d(op.inputs[0]) + o, sl.count, s, m.decayed);
+      }
       break;
     }
     case OpKind::all_reduce: {
-      if (comm == nullptr || comm->world_size() == 1) break;
-      const auto& b = plan_.comm.buckets[static_cast<std::size_t>(op.bucket)];
+      if (!last || comm == nullptr || comm->world_size() == 1) break;
+      const auto& b = bucket(op);
       std::span<F> range(reinterpret_cast<F*>(arena_ + b.offset), b.bytes / sizeof(F));
       if (auto s = comm->all_reduce_sum(range); !s) status = s;
       break;
     }
+    case OpKind::reduce_scatter: {
+      const bool accumulate = op.outputs.size() == 2;  // ZeRO-2/3: into the gradient shard
+      if (!accumulate && !last) break;                 // ZeRO-1: the accumulation's last only
+      const Bucket& b = bucket(op);
+      std::span<F> buffer(d(op.inputs[0]), static_cast<std::size_t>(b.elements));
+      if (comm != nullptr && comm->world_size() > 1)
+        if (auto st = comm->reduce_scatter_sum(buffer); !st) {
+          status = st;
+          break;
+        }
+      if (accumulate) {
+        const F* segment = buffer.data() + plan_.comm.rank * b.segment_elements;
+        F* shard = d(op.outputs[1]);
+        for (std::int64_t i = 0; i < b.segment_elements; ++i) shard[i] += segment[i];
+      }
+      break;
+    }
+    case OpKind::all_gather: {
+      const Bucket& b = bucket(op);
+      F* buffer = d(op.outputs[0]);
+      F* own = buffer + plan_.comm.rank * b.segment_elements;
+      const F* shard = d(op.inputs[0]);
+      if (shard != own)
+        std::memcpy(static_cast<void*>(own), shard,
+                    static_cast<std::size_t>(b.segment_elements) * sizeof(F));
+      if (comm != nullptr && comm->world_size() > 1)
+        if (auto st = comm->all_gather(std::span<F>(buffer, static_cast<std::size_t>(b.elements)));
+            !st)
+          status = st;
+      break;
+    }
   }
 }
 
 template <class F>
-Status CpuExecutor<F>::run_forward_backward(Communicator* comm) {
+void CpuExecutor<F>::run_ops(std::size_t begin, std::size_t end, Communicator* comm,
+                             bool last_micro_step, Status& status) {
+  for (std::size_t i = begin; i < end && status.ok(); ++i) {
+    if (observer_ != nullptr) observer_->op_begin(i);
+    run_op(plan_.graph.ops[i], comm, last_micro_step, status);
+    if (observer_ != nullptr) observer_->op_end(i);
+  }
+}
+
+template <class F>
+Status CpuExecutor<F>::run_forward_backward(Communicator* comm, bool last_micro_step) {
   Status status = ok_status();
-  for (std::size_t i = 0; i < first_optimizer_op_ && status.ok(); ++i)
-    run_op(plan_.graph.ops[i], comm, status);
+  run_ops(0, first_optimizer_op_, comm, last_micro_step, status);
   return status;
 }
 
 template <class F>
-void CpuExecutor<F>::run_forward() {
+Status CpuExecutor<F>::run_forward(Communicator* comm) {
+  // The forward ops and the parameter gathers among them, up to the backward's first op.
   Status status = ok_status();
   for (const auto& op : plan_.graph.ops) {
-    if (op.phase != Phase::forward) break;
-    run_op(op, nullptr, status);
+    if (op.phase != Phase::forward && op.phase != Phase::communication) break;
+    if (op.kind == OpKind::all_reduce || op.kind == OpKind::reduce_scatter) break;
+    run_op(op, comm, false, status);
+    if (!status) break;
   }
+  return status;
 }
 
 template <class F>
-void CpuExecutor<F>::run_optimizer(const AdamWSettings& s, std::int64_t step) {
+Status CpuExecutor<F>::run_optimizer(const AdamWSettings& s, std::int64_t step,
+                                     Communicator* comm) {
   F* sc = data(plan_.graph.scalars);
   sc[kLearningRate] = static_cast<F>(s.learning_rate);
   sc[kBeta1] = static_cast<F>(s.beta1);
@@ -239,30 +368,37 @@ void CpuExecutor<F>::run_optimizer(const AdamWSettings& s, std::int64_t step) {
   sc[kStep] = static_cast<F>(step);
   sc[kGradClip] = static_cast<F>(s.grad_clip);
   Status status = ok_status();
-  for (std::size_t i = first_optimizer_op_; i < plan_.graph.ops.size(); ++i)
-    run_op(plan_.graph.ops[i], nullptr, status);
+  run_ops(first_optimizer_op_, plan_.graph.ops.size(), comm, true, status);
+  return status;
+}
+
+template <class F>
+void CpuExecutor<F>::set_parameter(TensorId p, std::span<const F> v) {
+  const CommPlan& c = plan_.comm;
+  if (c.shard != ShardMode::parameters) {
+    std::copy(v.begin(), v.end(), values(p).begin());
+    return;
+  }
+  for (const Bucket& b : c.buckets)
+    for (const BucketMember& m : b.members) {
+      if (m.param != p) continue;
+      const ShardSlice sl = shard_slice(b, m, c.rank);
+      std::copy_n(v.begin() + sl.member_begin, sl.count, data(b.param_shard) + sl.shard_offset);
+      return;
+    }
 }
 
 template <class F>
 void CpuExecutor<F>::init_parameters(std::uint64_t seed) {
   const Graph& g = plan_.graph;
-  int layers = 0;
-  for (auto p : g.params)
-    if (g[p].name.ends_with("attprojw")) ++layers;
   NormalRng rng(seed);
+  std::vector<F> v;
   for (auto p : g.params) {
     const Tensor& t = g[p];
-    auto v = values(p);
-    if (t.shape.size() == 1) {
-      const bool ln_weight =
-          t.name.ends_with("ln1w") || t.name.ends_with("ln2w") || t.name.ends_with("lnfw");
-      for (auto& x : v) x = ln_weight ? F(1) : F(0);
-      continue;
-    }
-    double std = 0.02;
-    if (layers > 0 && (t.name.ends_with("attprojw") || t.name.ends_with("fcprojw")))
-      std /= std::sqrt(2.0 * layers);
-    for (auto& x : v) x = static_cast<F>(std * rng.normal());
+    v.assign(static_cast<std::size_t>(t.elements()), static_cast<F>(t.init_value));
+    if (t.init_std > 0)
+      for (auto& x : v) x = static_cast<F>(t.init_std * rng.normal());
+    set_parameter(p, v);  // every rank draws every value: the same stream whatever the sharding
   }
 }
 

@@ -197,11 +197,17 @@ __global__ void sum_of_squares_multi_kernel(float* partials, const MultiTensorEn
   acc = block_sum_fixed(acc);
   if (threadIdx.x == 0) partials[blockIdx.x] = acc;
 }
+template <bool kSqrt>
 __global__ void norm_from_partials_kernel(float* norm, const float* partials, int count) {
   float acc = 0;
   for (int i = threadIdx.x; i < count; i += blockDim.x) acc += partials[i];
   acc = block_sum_fixed(acc);
-  if (threadIdx.x == 0) *norm = sqrtf(acc);
+  if (threadIdx.x == 0) *norm = kSqrt ? sqrtf(acc) : acc;
+}
+
+__global__ void add_in_place_kernel(float* dst, const float* src, std::int64_t n) {
+  const std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x;
+  if (i < n) dst[i] += src[i];
 }
 
 // ---- the bf16 working copy of fp32 master weights ------------------------------------------
@@ -282,7 +288,18 @@ void global_norm_multi(float* norm, float* partials, const MultiTensorEntry* ent
                        std::int64_t chunks, cudaStream_t stream) {
   sum_of_squares_multi_kernel<<<kNormPartials, kNormThreads, 0, stream>>>(partials, entries, count,
                                                                           chunks);
-  norm_from_partials_kernel<<<1, 1024, 0, stream>>>(norm, partials, kNormPartials);
+  norm_from_partials_kernel<true><<<1, 1024, 0, stream>>>(norm, partials, kNormPartials);
+}
+
+void sum_of_squares_multi(float* sum_sq, float* partials, const MultiTensorEntry* entries,
+                          int count, std::int64_t chunks, cudaStream_t stream) {
+  sum_of_squares_multi_kernel<<<kNormPartials, kNormThreads, 0, stream>>>(partials, entries, count,
+                                                                          chunks);
+  norm_from_partials_kernel<false><<<1, 1024, 0, stream>>>(sum_sq, partials, kNormPartials);
+}
+
+void add_in_place(float* dst, const float* src, std::int64_t n, cudaStream_t stream) {
+  add_in_place_kernel<<<blocks_for(n, 256), 256, 0, stream>>>(dst, src, n);
 }
 
 void to_bf16(bf16* out, const float* in, std::int64_t n, cudaStream_t stream) {

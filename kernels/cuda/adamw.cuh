@@ -50,6 +50,13 @@ constexpr int kNormPartials = 1024;
 void global_norm_multi(float* norm, float* partials, const MultiTensorEntry* entries, int count,
                        std::int64_t chunks, cudaStream_t stream);
 
+// The same sum of squares without the square root (*sum_sq overwritten): a sharded plan's
+// partial sum, added over the ranks before sqrt_in_place.
+void sum_of_squares_multi(float* sum_sq, float* partials, const MultiTensorEntry* entries,
+                          int count, std::int64_t chunks, cudaStream_t stream);
+// dst[0..n) += src[0..n) (fp32): a reduce-scattered segment into the gradient shard (ZeRO-2/3).
+void add_in_place(float* dst, const float* src, std::int64_t n, cudaStream_t stream);
+
 // fp32 -> bf16 copy: the parameters' working copy after init or load (AdamW writes it after each
 // update).
 void to_bf16(__nv_bfloat16* out, const float* in, std::int64_t n, cudaStream_t stream);

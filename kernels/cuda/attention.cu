@@ -1,4 +1,5 @@
-// Causal flash attention for attention.cuh (sm_90, head size 64).
+// Causal flash attention for attention.cuh (sm_90, head size 64), multi-head or grouped-query
+// (NKV key/value heads, each read by NH/NKV query heads; its dK/dV summed over them in one block).
 //
 // Two implementations of the same contract live here:
 //  - "simple": CUDA cores only, one thread per query (forward, dQ) or key (dK/dV) row, fp32
@@ -32,9 +33,14 @@ constexpr int kHeadSize = 64;
 constexpr float kLn2 = 0.6931471805599453f;
 
 // Shapes every kernel here can index with 32-bit tile counts and 64-bit element offsets.
-bool shape_ok(std::int64_t B, std::int64_t T, std::int64_t C, std::int64_t NH) {
-  return B > 0 && T > 0 && NH > 0 && C > 0 && C % NH == 0 && C / NH == kHeadSize &&
-         B * NH <= 65535 && T <= (std::int64_t{1} << 20);
+bool shape_ok(std::int64_t B, std::int64_t T, std::int64_t C, std::int64_t NH, std::int64_t NKV) {
+  return B > 0 && T > 0 && NH > 0 && C > 0 && C % NH == 0 && C / NH == kHeadSize && NKV > 0 &&
+         NH % NKV == 0 && B * NH <= 65535 && T <= (std::int64_t{1} << 20);
+}
+
+// The row stride of qkv: q (C channels), then k and v (NKV heads of 64 each).
+__host__ __device__ __forceinline__ std::int64_t qkv_stride(std::int64_t C, std::int64_t NKV) {
+  return C + 2 * NKV * kHeadSize;
 }
 
 // ---- simple: CUDA cores --------------------------------------------------------------------
@@ -45,15 +51,17 @@ constexpr int kSimpleBwdRows = 32;  // rows per block in the backward kernels (o
 // output row in registers; the block streams K and V tiles through shared memory, read as
 // broadcasts (every thread reads the same key at the same time).
 __global__ void __launch_bounds__(kSimpleFwdRows)
-    simple_forward_kernel(bf16* y, float* lse, const bf16* qkv, int T, int C, int NH,
+    simple_forward_kernel(bf16* y, float* lse, const bf16* qkv, int T, int C, int NH, int NKV,
                           float scale_log2) {
   __shared__ float ks[kSimpleFwdRows][kHeadSize];
   __shared__ float vs[kSimpleFwdRows][kHeadSize];
-  const int bh = blockIdx.y, b = bh / NH, h = bh % NH;
+  const int bh = blockIdx.y, b = bh / NH, h = bh % NH, kh = h / (NH / NKV);
   const int row0 = blockIdx.x * kSimpleFwdRows, t = row0 + threadIdx.x;
   const bool valid = t < T;
-  const std::int64_t C3 = 3 * static_cast<std::int64_t>(C);
+  const std::int64_t C3 = qkv_stride(C, NKV);
   const bf16* base = qkv + static_cast<std::int64_t>(b) * T * C3 + h * kHeadSize;
+  const bf16* kbase = qkv + static_cast<std::int64_t>(b) * T * C3 + C + kh * kHeadSize;
+  const bf16* vbase = kbase + NKV * kHeadSize;
   float q[kHeadSize], o[kHeadSize];
 #pragma unroll
   for (int i = 0; i < kHeadSize; ++i) {
@@ -66,8 +74,8 @@ __global__ void __launch_bounds__(kSimpleFwdRows)
     __syncthreads();
     for (int e = threadIdx.x; e < kSimpleFwdRows * kHeadSize; e += kSimpleFwdRows) {
       const int r = e / kHeadSize, c = e % kHeadSize, j = j0 + r;
-      ks[r][c] = j < T ? __bfloat162float(base[j * C3 + C + c]) : 0.f;
-      vs[r][c] = j < T ? __bfloat162float(base[j * C3 + 2 * C + c]) : 0.f;
+      ks[r][c] = j < T ? __bfloat162float(kbase[j * C3 + c]) : 0.f;
+      vs[r][c] = j < T ? __bfloat162float(vbase[j * C3 + c]) : 0.f;
     }
     __syncthreads();
     if (!valid) continue;
@@ -112,64 +120,70 @@ __global__ void simple_delta_kernel(float* delta, const bf16* dy, const bf16* y,
   delta[(static_cast<std::int64_t>(b) * NH + h) * T + t] = d;
 }
 
-// grid (ceil(T/32), B*NH), block 32: thread = key row j. Its k and v rows sit in shared memory
-// (padded rows: each thread reads its own row), queries and dy stream through shared memory as
-// broadcasts; dk, dv accumulate in registers.
+// grid (ceil(T/32), B*NKV), block 32: thread = key row j of key/value head kh. Its k and v rows
+// sit in shared memory (padded rows: each thread reads its own row); the queries and dy of each
+// query head of kh's group stream through shared memory as broadcasts, in head order; dk, dv
+// accumulate in registers over the group.
 __global__ void __launch_bounds__(kSimpleBwdRows)
     simple_dkdv_kernel(bf16* dqkv, const float* delta, const bf16* dy, const bf16* qkv,
-                       const float* lse, int T, int C, int NH, float scale) {
+                       const float* lse, int T, int C, int NH, int NKV, float scale) {
   constexpr int R = kSimpleBwdRows;
   __shared__ float ks[R][kHeadSize + 1], vs[R][kHeadSize + 1];
   __shared__ float qs[R][kHeadSize], dos[R][kHeadSize];
   __shared__ float lse_s[R], delta_s[R];
-  const int bh = blockIdx.y, b = bh / NH, h = bh % NH;
+  const int bkh = blockIdx.y, b = bkh / NKV, kh = bkh % NKV, group = NH / NKV;
   const int key0 = blockIdx.x * R, j = key0 + threadIdx.x;
-  const std::int64_t C3 = 3 * static_cast<std::int64_t>(C);
-  const bf16* base = qkv + static_cast<std::int64_t>(b) * T * C3 + h * kHeadSize;
-  const bf16* dyb = dy + static_cast<std::int64_t>(b) * T * C + h * kHeadSize;
+  const std::int64_t C3 = qkv_stride(C, NKV);
+  const bf16* kbase = qkv + static_cast<std::int64_t>(b) * T * C3 + C + kh * kHeadSize;
+  const bf16* vbase = kbase + NKV * kHeadSize;
   for (int e = threadIdx.x; e < R * kHeadSize; e += R) {
     const int r = e / kHeadSize, c = e % kHeadSize, jj = key0 + r;
-    ks[r][c] = jj < T ? __bfloat162float(base[jj * C3 + C + c]) : 0.f;
-    vs[r][c] = jj < T ? __bfloat162float(base[jj * C3 + 2 * C + c]) : 0.f;
+    ks[r][c] = jj < T ? __bfloat162float(kbase[jj * C3 + c]) : 0.f;
+    vs[r][c] = jj < T ? __bfloat162float(vbase[jj * C3 + c]) : 0.f;
   }
   float dk[kHeadSize], dv[kHeadSize];
 #pragma unroll
   for (int i = 0; i < kHeadSize; ++i) dk[i] = dv[i] = 0.f;
-  for (int i0 = key0; i0 < T; i0 += R) {
-    __syncthreads();
-    for (int e = threadIdx.x; e < R * kHeadSize; e += R) {
-      const int r = e / kHeadSize, c = e % kHeadSize, i = i0 + r;
-      qs[r][c] = i < T ? __bfloat162float(base[i * C3 + c]) : 0.f;
-      dos[r][c] = i < T ? __bfloat162float(dyb[static_cast<std::int64_t>(i) * C + c]) : 0.f;
-    }
-    {
-      const int i = i0 + threadIdx.x;
-      lse_s[threadIdx.x] = i < T ? lse[static_cast<std::int64_t>(bh) * T + i] : 0.f;
-      delta_s[threadIdx.x] = i < T ? delta[static_cast<std::int64_t>(bh) * T + i] : 0.f;
-    }
-    __syncthreads();
-    if (j >= T) continue;
-    for (int r = 0; r < R; ++r) {
-      const int i = i0 + r;
-      if (i < j || i >= T) continue;
-      float s = 0.f, dp = 0.f;
-#pragma unroll
-      for (int c = 0; c < kHeadSize; ++c) {
-        s += qs[r][c] * ks[threadIdx.x][c];
-        dp += dos[r][c] * vs[threadIdx.x][c];
+  for (int h = kh * group; h < (kh + 1) * group; ++h) {
+    const int bh = b * NH + h;
+    const bf16* base = qkv + static_cast<std::int64_t>(b) * T * C3 + h * kHeadSize;
+    const bf16* dyb = dy + static_cast<std::int64_t>(b) * T * C + h * kHeadSize;
+    for (int i0 = key0; i0 < T; i0 += R) {
+      __syncthreads();
+      for (int e = threadIdx.x; e < R * kHeadSize; e += R) {
+        const int r = e / kHeadSize, c = e % kHeadSize, i = i0 + r;
+        qs[r][c] = i < T ? __bfloat162float(base[i * C3 + c]) : 0.f;
+        dos[r][c] = i < T ? __bfloat162float(dyb[static_cast<std::int64_t>(i) * C + c]) : 0.f;
       }
-      const float p = expf(s * scale - lse_s[r]);
-      const float ds = p * (dp - delta_s[r]) * scale;
+      {
+        const int i = i0 + threadIdx.x;
+        lse_s[threadIdx.x] = i < T ? lse[static_cast<std::int64_t>(bh) * T + i] : 0.f;
+        delta_s[threadIdx.x] = i < T ? delta[static_cast<std::int64_t>(bh) * T + i] : 0.f;
+      }
+      __syncthreads();
+      if (j >= T) continue;
+      for (int r = 0; r < R; ++r) {
+        const int i = i0 + r;
+        if (i < j || i >= T) continue;
+        float s = 0.f, dp = 0.f;
 #pragma unroll
-      for (int c = 0; c < kHeadSize; ++c) {
-        dv[c] += p * dos[r][c];
-        dk[c] += ds * qs[r][c];
+        for (int c = 0; c < kHeadSize; ++c) {
+          s += qs[r][c] * ks[threadIdx.x][c];
+          dp += dos[r][c] * vs[threadIdx.x][c];
+        }
+        const float p = expf(s * scale - lse_s[r]);
+        const float ds = p * (dp - delta_s[r]) * scale;
+#pragma unroll
+        for (int c = 0; c < kHeadSize; ++c) {
+          dv[c] += p * dos[r][c];
+          dk[c] += ds * qs[r][c];
+        }
       }
     }
   }
   if (j >= T) return;
-  bf16* dkp = dqkv + (static_cast<std::int64_t>(b) * T + j) * C3 + C + h * kHeadSize;
-  bf16* dvp = dkp + C;
+  bf16* dkp = dqkv + (static_cast<std::int64_t>(b) * T + j) * C3 + C + kh * kHeadSize;
+  bf16* dvp = dkp + NKV * kHeadSize;
 #pragma unroll
   for (int c = 0; c < kHeadSize; ++c) {
     dkp[c] = __float2bfloat16(__bfloat162float(dkp[c]) + dk[c]);
@@ -181,14 +195,16 @@ __global__ void __launch_bounds__(kSimpleBwdRows)
 // shared memory as broadcasts; dq accumulates in registers.
 __global__ void __launch_bounds__(kSimpleBwdRows)
     simple_dq_kernel(bf16* dqkv, const float* delta, const bf16* dy, const bf16* qkv,
-                     const float* lse, int T, int C, int NH, float scale) {
+                     const float* lse, int T, int C, int NH, int NKV, float scale) {
   constexpr int R = kSimpleBwdRows;
   __shared__ float qs[R][kHeadSize + 1], dos[R][kHeadSize + 1];
   __shared__ float ks[R][kHeadSize], vs[R][kHeadSize];
-  const int bh = blockIdx.y, b = bh / NH, h = bh % NH;
+  const int bh = blockIdx.y, b = bh / NH, h = bh % NH, kh = h / (NH / NKV);
   const int row0 = blockIdx.x * R, i = row0 + threadIdx.x;
-  const std::int64_t C3 = 3 * static_cast<std::int64_t>(C);
+  const std::int64_t C3 = qkv_stride(C, NKV);
   const bf16* base = qkv + static_cast<std::int64_t>(b) * T * C3 + h * kHeadSize;
+  const bf16* kbase = qkv + static_cast<std::int64_t>(b) * T * C3 + C + kh * kHeadSize;
+  const bf16* vbase = kbase + NKV * kHeadSize;
   const bf16* dyb = dy + static_cast<std::int64_t>(b) * T * C + h * kHeadSize;
   for (int e = threadIdx.x; e < R * kHeadSize; e += R) {
     const int r = e / kHeadSize, c = e % kHeadSize, ii = row0 + r;
@@ -205,8 +221,8 @@ __global__ void __launch_bounds__(kSimpleBwdRows)
     __syncthreads();
     for (int e = threadIdx.x; e < R * kHeadSize; e += R) {
       const int r = e / kHeadSize, c = e % kHeadSize, j = j0 + r;
-      ks[r][c] = j < T ? __bfloat162float(base[j * C3 + C + c]) : 0.f;
-      vs[r][c] = j < T ? __bfloat162float(base[j * C3 + 2 * C + c]) : 0.f;
+      ks[r][c] = j < T ? __bfloat162float(kbase[j * C3 + c]) : 0.f;
+      vs[r][c] = j < T ? __bfloat162float(vbase[j * C3 + c]) : 0.f;
     }
     __syncthreads();
     if (i >= T) continue;
@@ -231,29 +247,31 @@ __global__ void __launch_bounds__(kSimpleBwdRows)
 }
 
 cudaError_t simple_forward(bf16* y, float* lse, const bf16* qkv, std::int64_t B, std::int64_t T,
-                           std::int64_t C, std::int64_t NH, cudaStream_t stream) {
+                           std::int64_t C, std::int64_t NH, std::int64_t NKV, cudaStream_t stream) {
   const dim3 grid(static_cast<unsigned>((T + kSimpleFwdRows - 1) / kSimpleFwdRows),
                   static_cast<unsigned>(B * NH));
   const float scale_log2 = kLog2e / std::sqrt(static_cast<float>(kHeadSize));
   simple_forward_kernel<<<grid, kSimpleFwdRows, 0, stream>>>(
-      y, lse, qkv, static_cast<int>(T), static_cast<int>(C), static_cast<int>(NH), scale_log2);
+      y, lse, qkv, static_cast<int>(T), static_cast<int>(C), static_cast<int>(NH),
+      static_cast<int>(NKV), scale_log2);
   return cudaGetLastError();
 }
 
 cudaError_t simple_backward(bf16* dqkv, float* delta, const bf16* dy, const bf16* qkv,
                             const bf16* y, const float* lse, std::int64_t B, std::int64_t T,
-                            std::int64_t C, std::int64_t NH, cudaStream_t stream) {
-  const int Ti = static_cast<int>(T), Ci = static_cast<int>(C), NHi = static_cast<int>(NH);
+                            std::int64_t C, std::int64_t NH, std::int64_t NKV,
+                            cudaStream_t stream) {
+  const int Ti = static_cast<int>(T), Ci = static_cast<int>(C), NHi = static_cast<int>(NH),
+            NKVi = static_cast<int>(NKV);
   const std::int64_t rows = B * T * NH;
   simple_delta_kernel<<<static_cast<unsigned>((rows + 255) / 256), 256, 0, stream>>>(
       delta, dy, y, static_cast<int>(B), Ti, Ci, NHi);
   const float scale = 1.f / std::sqrt(static_cast<float>(kHeadSize));
-  const dim3 grid(static_cast<unsigned>((T + kSimpleBwdRows - 1) / kSimpleBwdRows),
-                  static_cast<unsigned>(B * NH));
-  simple_dkdv_kernel<<<grid, kSimpleBwdRows, 0, stream>>>(dqkv, delta, dy, qkv, lse, Ti, Ci, NHi,
-                                                          scale);
-  simple_dq_kernel<<<grid, kSimpleBwdRows, 0, stream>>>(dqkv, delta, dy, qkv, lse, Ti, Ci, NHi,
-                                                        scale);
+  const unsigned blocks_t = static_cast<unsigned>((T + kSimpleBwdRows - 1) / kSimpleBwdRows);
+  simple_dkdv_kernel<<<dim3(blocks_t, static_cast<unsigned>(B * NKV)), kSimpleBwdRows, 0, stream>>>(
+      dqkv, delta, dy, qkv, lse, Ti, Ci, NHi, NKVi, scale);
+  simple_dq_kernel<<<dim3(blocks_t, static_cast<unsigned>(B * NH)), kSimpleBwdRows, 0, stream>>>(
+      dqkv, delta, dy, qkv, lse, Ti, Ci, NHi, NKVi, scale);
   return cudaGetLastError();
 }
 
@@ -439,18 +457,18 @@ __device__ __forceinline__ void mma_pb_mt(float (&acc)[kMT][8][4], const float (
 // loop. Scores are kept in log2 units (scale_log2 = log2(e)/sqrt(hs)).
 template <int kWarps, int kMT, int kMinBlocks>
 __global__ void __launch_bounds__(kWarps * 32, kMinBlocks)
-    tc_forward_kernel(bf16* y, float* lse, const bf16* qkv, int T, int C, int NH,
+    tc_forward_kernel(bf16* y, float* lse, const bf16* qkv, int T, int C, int NH, int NKV,
                       float scale_log2) {
   constexpr int kWarpRows = 16 * kMT, kM = kWarpRows * kWarps, kThreads = 32 * kWarps;
   static_assert(kM <= 2 * kTile, "the Q tile must fit in one (K, V) stage");
   __shared__ __align__(128) bf16 sm[2][2][kTileElems];
-  const int bh = blockIdx.x, b = bh / NH, h = bh % NH;
+  const int bh = blockIdx.x, b = bh / NH, h = bh % NH, kh = h / (NH / NKV);
   const int q0 = (gridDim.y - 1 - blockIdx.y) * kM;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, tig = lane & 3;
-  const std::int64_t C3 = 3 * static_cast<std::int64_t>(C);
+  const std::int64_t C3 = qkv_stride(C, NKV);
   const bf16* qg = qkv + static_cast<std::int64_t>(b) * T * C3 + h * kHeadSize;
-  const bf16* kg = qg + C;
-  const bf16* vg = qg + 2 * C;
+  const bf16* kg = qkv + static_cast<std::int64_t>(b) * T * C3 + C + kh * kHeadSize;
+  const bf16* vg = kg + NKV * kHeadSize;
   const int n_tiles = (min(q0 + kM, T) + kTile - 1) / kTile;
 
   load_tile<kM, kThreads>(&sm[1][0][0], qg, C3, q0, T);
@@ -608,28 +626,36 @@ struct BwdArgs {
   const bf16* dy;
   const bf16* qkv;
   const float* lse;
-  int T, C, NH;
+  int T, C, NH, NKV;
   float scale_log2, scale;
 };
 
 // dK, dV of key block kb: K and V fragments in registers, (Q, dO, lse, delta) tiles of the
 // queries at or after the block streamed through two stages; computes S^T and dP^T directly
 // (keys as rows) so that P^T and dS^T are already the A operands of dV += P^T dO, dK += dS^T Q.
-__device__ __forceinline__ void tc_dkdv(const BwdArgs& a, int bh, int kb, bf16 (*sm)[2][kTileElems],
-                                        float (*stat)[2][kTile]) {
+__device__ __forceinline__ void tc_dkdv(const BwdArgs& a, int bkh, int kb,
+                                        bf16 (*sm)[2][kTileElems], float (*stat)[2][kTile]) {
   constexpr int kThreads = 32 * kBwdWarps;
-  const int b = bh / a.NH, h = bh % a.NH, T = a.T;
+  // bkh = (b, kh): the key/value head's gradients sum over the group's query heads in order.
+  const int b = bkh / a.NKV, kh = bkh % a.NKV, group = a.NH / a.NKV, T = a.T;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, tig = lane & 3;
-  const std::int64_t C3 = 3 * static_cast<std::int64_t>(a.C);
-  const bf16* qg = a.qkv + static_cast<std::int64_t>(b) * T * C3 + h * kHeadSize;
-  const bf16* dog = a.dy + static_cast<std::int64_t>(b) * T * a.C + h * kHeadSize;
-  const float* lseg = a.lse + static_cast<std::int64_t>(bh) * T;
-  const float* dlg = a.delta + static_cast<std::int64_t>(bh) * T;
+  const std::int64_t C3 = qkv_stride(a.C, a.NKV);
+  const bf16* kg = a.qkv + static_cast<std::int64_t>(b) * T * C3 + a.C + kh * kHeadSize;
+  const bf16* vg = kg + a.NKV * kHeadSize;
+  const bf16 *qg = nullptr, *dog = nullptr;
+  const float *lseg = nullptr, *dlg = nullptr;
+  auto select_head = [&](int h) {
+    qg = a.qkv + static_cast<std::int64_t>(b) * T * C3 + h * kHeadSize;
+    dog = a.dy + static_cast<std::int64_t>(b) * T * a.C + h * kHeadSize;
+    lseg = a.lse + (static_cast<std::int64_t>(b) * a.NH + h) * T;
+    dlg = a.delta + (static_cast<std::int64_t>(b) * a.NH + h) * T;
+  };
   const int key0 = kb * kTile, key_w = key0 + warp * 16;
   const int n_q = (T + kTile - 1) / kTile;
 
-  load_tile<kTile, kThreads>(&sm[1][0][0], qg + a.C, C3, key0, T);
-  load_tile<kTile, kThreads>(&sm[1][1][0], qg + 2 * a.C, C3, key0, T);
+  select_head(kh * group);
+  load_tile<kTile, kThreads>(&sm[1][0][0], kg, C3, key0, T);
+  load_tile<kTile, kThreads>(&sm[1][1][0], vg, C3, key0, T);
   cp_async_commit();
   auto load_queries = [&](int stage, int tile) {
     const int i0 = tile * kTile;
@@ -653,54 +679,60 @@ __device__ __forceinline__ void tc_dkdv(const BwdArgs& a, int bh, int kb, bf16 (
 #pragma unroll
     for (int e = 0; e < 4; ++e) dk[n][e] = dv[n][e] = 0.f;
   const int kr0 = key_w + g;  // this thread's keys: kr0 and kr0 + 8
-  for (int t = kb; t < n_q; ++t) {
-    const int st = (t - kb) & 1;
-    if (t + 1 < n_q) {
-      load_queries(st ^ 1, t + 1);
-      cp_async_wait<1>();
-    } else {
-      cp_async_wait<0>();
+  for (int gi = 0; gi < group; ++gi) {
+    if (gi > 0) {  // the next query head of the group: its first query tile into stage 0
+      select_head(kh * group + gi);
+      load_queries(0, kb);
     }
-    __syncthreads();
-    const int i0 = t * kTile;
-    if (i0 + kTile - 1 >= key_w) {  // else every query of the tile precedes this warp's keys
-      float s[8][4], dp[8][4];
-      mma_abt(s, kf, &sm[st][0][0], lane);
-      mma_abt(dp, vf, &sm[st][1][0], lane);
-      const bool diag = t == kb, tail = i0 + kTile > T;
-#pragma unroll
-      for (int n = 0; n < 8; ++n) {
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int qc = n * 8 + 2 * tig + (e & 1), q = i0 + qc;
-          const float lse2 = stat[st][0][qc] * kLog2e, dl = stat[st][1][qc];
-          float p = exp2_approx(s[n][e] * a.scale_log2 - lse2);
-          if ((diag && q < kr0 + (e >> 1) * 8) || (tail && q >= T)) p = 0.f;
-          s[n][e] = p;
-          dp[n][e] = p * (dp[n][e] - dl);
-        }
+    for (int t = kb; t < n_q; ++t) {
+      const int st = (t - kb) & 1;
+      if (t + 1 < n_q) {
+        load_queries(st ^ 1, t + 1);
+        cp_async_wait<1>();
+      } else {
+        cp_async_wait<0>();
       }
-      mma_pb(dv, s, &sm[st][1][0], lane);
-      mma_pb(dk, dp, &sm[st][0][0], lane);
+      __syncthreads();
+      const int i0 = t * kTile;
+      if (i0 + kTile - 1 >= key_w) {  // else every query of the tile precedes this warp's keys
+        float s[8][4], dp[8][4];
+        mma_abt(s, kf, &sm[st][0][0], lane);
+        mma_abt(dp, vf, &sm[st][1][0], lane);
+        const bool diag = t == kb, tail = i0 + kTile > T;
+#pragma unroll
+        for (int n = 0; n < 8; ++n) {
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const int qc = n * 8 + 2 * tig + (e & 1), q = i0 + qc;
+            const float lse2 = stat[st][0][qc] * kLog2e, dl = stat[st][1][qc];
+            float p = exp2_approx(s[n][e] * a.scale_log2 - lse2);
+            if ((diag && q < kr0 + (e >> 1) * 8) || (tail && q >= T)) p = 0.f;
+            s[n][e] = p;
+            dp[n][e] = p * (dp[n][e] - dl);
+          }
+        }
+        mma_pb(dv, s, &sm[st][1][0], lane);
+        mma_pb(dk, dp, &sm[st][0][0], lane);
+      }
+      __syncthreads();
     }
-    __syncthreads();
   }
-  add_rows_bf16(a.dqkv + static_cast<std::int64_t>(b) * T * C3 + a.C + h * kHeadSize, C3, key_w, T,
+  add_rows_bf16(a.dqkv + static_cast<std::int64_t>(b) * T * C3 + a.C + kh * kHeadSize, C3, key_w, T,
                 dk, a.scale, lane);
-  add_rows_bf16(a.dqkv + static_cast<std::int64_t>(b) * T * C3 + 2 * a.C + h * kHeadSize, C3, key_w,
-                T, dv, 1.f, lane);
+  add_rows_bf16(a.dqkv + static_cast<std::int64_t>(b) * T * C3 + a.C + (a.NKV + kh) * kHeadSize, C3,
+                key_w, T, dv, 1.f, lane);
 }
 
 // dQ of query block qb: Q and dO fragments in registers, (K, V) tiles of the keys at or before the
 // block streamed through two stages; dQ += dS K.
 __device__ __forceinline__ void tc_dq(const BwdArgs& a, int bh, int qb, bf16 (*sm)[2][kTileElems]) {
   constexpr int kThreads = 32 * kBwdWarps;
-  const int b = bh / a.NH, h = bh % a.NH, T = a.T;
+  const int b = bh / a.NH, h = bh % a.NH, kh = h / (a.NH / a.NKV), T = a.T;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, tig = lane & 3;
-  const std::int64_t C3 = 3 * static_cast<std::int64_t>(a.C);
+  const std::int64_t C3 = qkv_stride(a.C, a.NKV);
   const bf16* qg = a.qkv + static_cast<std::int64_t>(b) * T * C3 + h * kHeadSize;
-  const bf16* kg = qg + a.C;
-  const bf16* vg = qg + 2 * a.C;
+  const bf16* kg = a.qkv + static_cast<std::int64_t>(b) * T * C3 + a.C + kh * kHeadSize;
+  const bf16* vg = kg + a.NKV * kHeadSize;
   const bf16* dog = a.dy + static_cast<std::int64_t>(b) * T * a.C + h * kHeadSize;
   const int q0 = qb * kTile, row_w = q0 + warp * 16, r0 = row_w + g;
   const int n_k = (min(q0 + kTile, T) + kTile - 1) / kTile;
@@ -765,13 +797,15 @@ __device__ __forceinline__ void tc_dq(const BwdArgs& a, int bh, int qb, bf16 (*s
 // One launch for both backward roles so that they fill each other's tails: grid (B*NH, 2*nb),
 // even blockIdx.y = dK/dV of key block y/2 (block 0 has the most queries), odd = dQ of query
 // block nb-1-y/2 (the last has the most keys): the heaviest blocks of both roles start first.
+// With grouped-query attention the dK/dV role has B*NKV blocks (x < B*NKV), each summing its
+// group's NH/NKV query heads; the others of that role have nothing to do.
 __global__ void __launch_bounds__(kBwdWarps * 32, 3) tc_backward_kernel(BwdArgs a) {
   __shared__ __align__(128) bf16 sm[2][2][kTileElems];
   __shared__ __align__(16) float stat[2][2][kTile];
   const int nb = static_cast<int>(gridDim.y / 2), idx = static_cast<int>(blockIdx.y >> 1);
   if (blockIdx.y & 1)
     tc_dq(a, static_cast<int>(blockIdx.x), nb - 1 - idx, sm);
-  else
+  else if (static_cast<int>(blockIdx.x) < static_cast<int>(gridDim.x) / a.NH * a.NKV)
     tc_dkdv(a, static_cast<int>(blockIdx.x), idx, sm, stat);
 }
 
@@ -931,18 +965,19 @@ __global__ void tc_dq_add_kernel(bf16* dqkv, const float* dq_acc, std::int64_t c
 
 template <int kWarps, int kMT, int kMinBlocks>
 cudaError_t tc_forward(bf16* y, float* lse, const bf16* qkv, std::int64_t B, std::int64_t T,
-                       std::int64_t C, std::int64_t NH, cudaStream_t stream) {
+                       std::int64_t C, std::int64_t NH, std::int64_t NKV, cudaStream_t stream) {
   constexpr int kM = 16 * kMT * kWarps;
   const dim3 grid(static_cast<unsigned>(B * NH), static_cast<unsigned>((T + kM - 1) / kM));
   const float scale_log2 = kLog2e / std::sqrt(static_cast<float>(kHeadSize));
-  tc_forward_kernel<kWarps, kMT, kMinBlocks><<<grid, kWarps * 32, 0, stream>>>(
-      y, lse, qkv, static_cast<int>(T), static_cast<int>(C), static_cast<int>(NH), scale_log2);
+  tc_forward_kernel<kWarps, kMT, kMinBlocks>
+      <<<grid, kWarps * 32, 0, stream>>>(y, lse, qkv, static_cast<int>(T), static_cast<int>(C),
+                                         static_cast<int>(NH), static_cast<int>(NKV), scale_log2);
   return cudaGetLastError();
 }
 
 cudaError_t tc_backward(bf16* dqkv, float* delta, const bf16* dy, const bf16* qkv, const bf16* y,
                         const float* lse, std::int64_t B, std::int64_t T, std::int64_t C,
-                        std::int64_t NH, cudaStream_t stream) {
+                        std::int64_t NH, std::int64_t NKV, cudaStream_t stream) {
   const std::int64_t rows = B * T * NH;
   tc_delta_kernel<<<static_cast<unsigned>((rows * 8 + 255) / 256), 256, 0, stream>>>(
       delta, dy, y, rows, static_cast<int>(T), static_cast<int>(NH));
@@ -955,6 +990,7 @@ cudaError_t tc_backward(bf16* dqkv, float* delta, const bf16* dy, const bf16* qk
                      static_cast<int>(T),
                      static_cast<int>(C),
                      static_cast<int>(NH),
+                     static_cast<int>(NKV),
                      scale * kLog2e,
                      scale};
   const dim3 grid(static_cast<unsigned>(B * NH),
@@ -989,6 +1025,7 @@ cudaError_t tc_backward_atomic(bf16* dqkv, void* workspace, const bf16* dy, cons
                      static_cast<int>(T),
                      static_cast<int>(C),
                      static_cast<int>(NH),
+                     static_cast<int>(NH),
                      scale * kLog2e,
                      scale};
   const dim3 grid(static_cast<unsigned>(B * NH), static_cast<unsigned>((T + kTile - 1) / kTile));
@@ -1021,21 +1058,23 @@ std::size_t attention_backward_workspace_bytes(std::int64_t B, std::int64_t T, s
 
 cudaError_t attention_forward_with(AttentionKernel kind, bf16* y, float* lse, const bf16* qkv,
                                    std::int64_t B, std::int64_t T, std::int64_t C, std::int64_t NH,
-                                   cudaStream_t stream) {
-  if (!shape_ok(B, T, C, NH)) return cudaErrorInvalidValue;
+                                   cudaStream_t stream, std::int64_t NKV) {
+  if (NKV <= 0) NKV = NH;
+  if (!shape_ok(B, T, C, NH, NKV)) return cudaErrorInvalidValue;
   switch (kind) {
     case AttentionKernel::simple:
-      return simple_forward(y, lse, qkv, B, T, C, NH, stream);
+      return simple_forward(y, lse, qkv, B, T, C, NH, NKV, stream);
     case AttentionKernel::tensor_core:
     case AttentionKernel::tensor_core_m64:
     case AttentionKernel::tensor_core_w32:
     case AttentionKernel::tensor_core_atomic:
-      if (!aligned16(y) || !aligned16(qkv)) return simple_forward(y, lse, qkv, B, T, C, NH, stream);
+      if (!aligned16(y) || !aligned16(qkv))
+        return simple_forward(y, lse, qkv, B, T, C, NH, NKV, stream);
       if (kind == AttentionKernel::tensor_core || kind == AttentionKernel::tensor_core_atomic)
-        return tc_forward<8, 1, 2>(y, lse, qkv, B, T, C, NH, stream);
+        return tc_forward<8, 1, 2>(y, lse, qkv, B, T, C, NH, NKV, stream);
       if (kind == AttentionKernel::tensor_core_m64)
-        return tc_forward<4, 1, 4>(y, lse, qkv, B, T, C, NH, stream);
-      return tc_forward<4, 2, 2>(y, lse, qkv, B, T, C, NH, stream);
+        return tc_forward<4, 1, 4>(y, lse, qkv, B, T, C, NH, NKV, stream);
+      return tc_forward<4, 2, 2>(y, lse, qkv, B, T, C, NH, NKV, stream);
   }
   return cudaErrorInvalidValue;
 }
@@ -1043,37 +1082,106 @@ cudaError_t attention_forward_with(AttentionKernel kind, bf16* y, float* lse, co
 cudaError_t attention_backward_with(AttentionKernel kind, bf16* dqkv, void* workspace,
                                     const bf16* dy, const bf16* qkv, const bf16* y,
                                     const float* lse, std::int64_t B, std::int64_t T,
-                                    std::int64_t C, std::int64_t NH, cudaStream_t stream) {
-  if (!shape_ok(B, T, C, NH)) return cudaErrorInvalidValue;
+                                    std::int64_t C, std::int64_t NH, cudaStream_t stream,
+                                    std::int64_t NKV) {
+  if (NKV <= 0) NKV = NH;
+  if (!shape_ok(B, T, C, NH, NKV)) return cudaErrorInvalidValue;
   float* delta = static_cast<float*>(workspace);
   switch (kind) {
     case AttentionKernel::simple:
-      return simple_backward(dqkv, delta, dy, qkv, y, lse, B, T, C, NH, stream);
+      return simple_backward(dqkv, delta, dy, qkv, y, lse, B, T, C, NH, NKV, stream);
     case AttentionKernel::tensor_core:
     case AttentionKernel::tensor_core_m64:
     case AttentionKernel::tensor_core_w32:
       if (!aligned16(dqkv) || !aligned16(dy) || !aligned16(qkv) || !aligned16(y))
-        return simple_backward(dqkv, delta, dy, qkv, y, lse, B, T, C, NH, stream);
-      return tc_backward(dqkv, delta, dy, qkv, y, lse, B, T, C, NH, stream);
+        return simple_backward(dqkv, delta, dy, qkv, y, lse, B, T, C, NH, NKV, stream);
+      return tc_backward(dqkv, delta, dy, qkv, y, lse, B, T, C, NH, NKV, stream);
     case AttentionKernel::tensor_core_atomic:
+      if (NKV != NH) return cudaErrorInvalidValue;  // kept for comparison, multi-head only
       if (!aligned16(dqkv) || !aligned16(dy) || !aligned16(qkv) || !aligned16(y) ||
           !aligned16(workspace))
-        return simple_backward(dqkv, delta, dy, qkv, y, lse, B, T, C, NH, stream);
+        return simple_backward(dqkv, delta, dy, qkv, y, lse, B, T, C, NH, NKV, stream);
       return tc_backward_atomic(dqkv, workspace, dy, qkv, y, lse, B, T, C, NH, stream);
   }
   return cudaErrorInvalidValue;
 }
 
 cudaError_t attention_forward(bf16* y, float* lse, const bf16* qkv, std::int64_t B, std::int64_t T,
-                              std::int64_t C, std::int64_t NH, cudaStream_t stream) {
-  return attention_forward_with(kDefaultForwardKernel, y, lse, qkv, B, T, C, NH, stream);
+                              std::int64_t C, std::int64_t NH, cudaStream_t stream,
+                              std::int64_t NKV) {
+  return attention_forward_with(kDefaultForwardKernel, y, lse, qkv, B, T, C, NH, stream, NKV);
 }
 
 cudaError_t attention_backward(bf16* dqkv, void* workspace, const bf16* dy, const bf16* qkv,
                                const bf16* y, const float* lse, std::int64_t B, std::int64_t T,
-                               std::int64_t C, std::int64_t NH, cudaStream_t stream) {
+                               std::int64_t C, std::int64_t NH, cudaStream_t stream,
+                               std::int64_t NKV) {
   return attention_backward_with(kDefaultBackwardKernel, dqkv, workspace, dy, qkv, y, lse, B, T, C,
-                                 NH, stream);
+                                 NH, stream, NKV);
+}
+
+namespace {
+
+constexpr int kCachedThreads = 128;
+constexpr std::int64_t kCachedMaxRows = 8192;
+constexpr std::int64_t kCachedMaxHeadSize = 256;
+
+// grid NH, block kCachedThreads: scores of the t + 1 keys (threads over keys), the block's max and
+// sum, then the output channels (threads over channels) as p . V.
+__global__ void cached_forward_kernel(bf16* y, const bf16* q, const bf16* k_cache,
+                                      const bf16* v_cache, int rows, int C, int hs, float scale) {
+  extern __shared__ float scores[];
+  __shared__ float reduce[kCachedThreads / 32];
+  __shared__ float qh[kCachedMaxHeadSize];
+  const int h = blockIdx.x, lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  for (int i = threadIdx.x; i < hs; i += blockDim.x) qh[i] = __bfloat162float(q[h * hs + i]);
+  __syncthreads();
+  float maxv = -INFINITY;
+  for (int j = threadIdx.x; j < rows; j += blockDim.x) {
+    const bf16* k = k_cache + static_cast<std::int64_t>(j) * C + h * hs;
+    float dot = 0.f;
+    for (int i = 0; i < hs; ++i) dot += qh[i] * __bfloat162float(k[i]);
+    scores[j] = dot * scale;
+    maxv = fmaxf(maxv, scores[j]);
+  }
+  maxv = warp_max(maxv);
+  if (lane == 0) reduce[warp] = maxv;
+  __syncthreads();
+  maxv = reduce[0];
+  for (int w = 1; w < kCachedThreads / 32; ++w) maxv = fmaxf(maxv, reduce[w]);
+  __syncthreads();
+  float sum = 0.f;
+  for (int j = threadIdx.x; j < rows; j += blockDim.x) {
+    scores[j] = __expf(scores[j] - maxv);
+    sum += scores[j];
+  }
+  sum = warp_sum(sum);
+  if (lane == 0) reduce[warp] = sum;
+  __syncthreads();
+  sum = 0.f;
+  for (int w = 0; w < kCachedThreads / 32; ++w) sum += reduce[w];
+  const float inv = 1.f / sum;
+  for (int i = threadIdx.x; i < hs; i += blockDim.x) {
+    float o = 0.f;
+    for (int j = 0; j < rows; ++j)
+      o += scores[j] * __bfloat162float(v_cache[static_cast<std::int64_t>(j) * C + h * hs + i]);
+    y[h * hs + i] = __float2bfloat16(o * inv);
+  }
+}
+
+}  // namespace
+
+cudaError_t attention_cached_forward(bf16* y, const bf16* q, const bf16* k_cache,
+                                     const bf16* v_cache, std::int64_t t, std::int64_t C,
+                                     std::int64_t NH, cudaStream_t stream) {
+  if (NH <= 0 || C <= 0 || C % NH != 0 || C / NH > kCachedMaxHeadSize || t < 0 ||
+      t + 1 > kCachedMaxRows)
+    return cudaErrorInvalidValue;
+  const int hs = static_cast<int>(C / NH), rows = static_cast<int>(t + 1);
+  cached_forward_kernel<<<static_cast<unsigned>(NH), kCachedThreads,
+                          static_cast<std::size_t>(rows) * sizeof(float), stream>>>(
+      y, q, k_cache, v_cache, rows, static_cast<int>(C), hs, 1.f / sqrtf(static_cast<float>(hs)));
+  return cudaGetLastError();
 }
 
 }  // namespace topolaunch::kernels::cuda

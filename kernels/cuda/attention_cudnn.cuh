@@ -10,10 +10,12 @@
 // attention_backward accumulates; the executor uses it only where the attention backward is the
 // first writer of dqkv after the plan's zero.
 //
-// The cuDNN graphs (forward with Stats, backward) are built once per shape in create(): nothing is
-// built, planned or allocated in forward()/backward(), which only enqueue (safe inside a CUDA
-// Graph capture). Built only when meson's cudnn_frontend_dir names the cuDNN frontend headers
-// (TOPOLAUNCH_WITH_CUDNN); otherwise create() says how to enable it. No exception leaves here.
+// The graphs are built through cuDNN's backend API (cudnnBackendCreateDescriptor / SetAttribute /
+// Finalize in libcudnn itself, no frontend headers): the operation graphs that cuDNN's flash
+// attention engines accept (matmul, scale, causal mask, softmax with its statistics, matmul; and
+// the backward's recomputation), once per shape in create(). forward()/backward() build only a
+// variant pack and enqueue (safe inside a CUDA Graph capture). Built when meson finds libcudnn 9
+// (TOPOLAUNCH_WITH_CUDNN); otherwise create() says so. No exception leaves here.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -28,22 +30,35 @@
 
 namespace topolaunch::kernels::cuda {
 
-// Whether this build has the cuDNN implementation (meson -Dcudnn_frontend_dir=...).
+// Whether this build has the cuDNN implementation (meson found libcudnn 9 and cudnn.h).
 bool cudnn_attention_built();
+
+// Builds every tensor and operation descriptor of both graphs for (B,T,C,NH) and finalizes them,
+// without a handle or a GPU (what can be checked on a build host): the first cuDNN refusal, with
+// cuDNN's own message, or ok. The operation graphs themselves, the engines and the plans need a
+// device (create()).
+Status check_cudnn_attention_descriptors(std::int64_t B, std::int64_t T, std::int64_t C,
+                                         std::int64_t NH);
 
 class CudnnAttention {
  public:
-  // A cuDNN handle and the forward + backward graphs for (B,T,C,NH) on the current device; an
-  // error (one line) when this build has no cuDNN, the library is missing or refuses the shape.
+  // A cuDNN handle and the forward + backward execution plans for (B,T,C,NH) on the current
+  // device; an error (one line) when this build has no cuDNN, the library is missing or no engine
+  // takes the graph.
   static Result<std::unique_ptr<CudnnAttention>> create(std::int64_t B, std::int64_t T,
                                                         std::int64_t C, std::int64_t NH);
   ~CudnnAttention();
   CudnnAttention(const CudnnAttention&) = delete;
   CudnnAttention& operator=(const CudnnAttention&) = delete;
 
-  // Device workspace both calls need (the larger of the two graphs'); the caller owns it.
+  // Device workspace both calls need (the larger of the two): the engines' own workspace plus,
+  // for the backward, its fp32 dQ accumulator and row sums (fused_attention_accumulator_bytes()
+  // of plan.hpp, which the planner reserves); the caller owns it, 256-byte aligned.
   std::size_t workspace_bytes() const;
-  // "cuDNN 9.14.0, frontend 1.23.0"
+  // The engines' own part of workspace_bytes() (forward, backward).
+  std::size_t forward_engine_workspace_bytes() const;
+  std::size_t backward_engine_workspace_bytes() const;
+  // "cuDNN 9.14.0, backend API, engines 8 (fwd) 9 (bwd)"
   std::string version() const;
 
   // y, lse from qkv (the shape given to create()).

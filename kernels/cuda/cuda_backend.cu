@@ -19,6 +19,9 @@
 #include "layernorm.cuh"
 #include "matmul.cuh"
 #include "residual.cuh"
+#include "rmsnorm.cuh"
+#include "rope.cuh"
+#include "swiglu.cuh"
 #include "topolaunch/kernels/rng.hpp"
 
 namespace topolaunch::kernels::cuda {
@@ -97,6 +100,27 @@ Signature signature(OpKind kind) {
       return {"fff", "bfff"};
     case OpKind::all_reduce:
       return {"", ""};
+    case OpKind::rmsnorm_forward:
+      return {"bb", "bf"};
+    case OpKind::rmsnorm_backward:
+      return {"bbbf", "bf"};
+    case OpKind::residual_rmsnorm_forward:
+      return {"bbb", "bbf"};
+    case OpKind::rope_forward:
+    case OpKind::rope_backward:
+      return {"b", "b"};
+    case OpKind::swiglu_forward:
+      return {"b", "b"};
+    case OpKind::swiglu_backward:
+      return {"bb", "b"};
+    case OpKind::reduce_scatter:
+      return {"f", "ff"};
+    case OpKind::all_gather:
+      return {"b", "b"};
+    case OpKind::sharded_global_norm:
+      return {"", "f"};
+    case OpKind::sharded_adamw:
+      return {"fff", "bfff"};
   }
   return {"", ""};
 }
@@ -168,10 +192,11 @@ Result<std::unique_ptr<CudaExecutor>> CudaExecutor::create(const Plan& plan,
     };
     TL_ERROR_TRY(check(op.inputs, sig.inputs, "input"));
     TL_ERROR_TRY(check(op.outputs, sig.outputs, "output"));
-    if (op.kind == OpKind::adamw && op.outputs.size() < 4)
+    if ((op.kind == OpKind::adamw || op.kind == OpKind::sharded_adamw) && op.outputs.size() < 4)
       return make_error("cuda backend: op '" + op.name +
                         "' has no fp32 master copy (parameters must be bf16, optimizer fp32)");
-    if (op.kind == OpKind::global_norm || op.kind == OpKind::all_reduce) {
+    if (op.kind == OpKind::global_norm || op.kind == OpKind::all_reduce ||
+        op.kind == OpKind::sharded_global_norm) {
       for (auto t : op.inputs)
         if (g[t].dtype != DType::f32)
           return make_error("cuda backend: gradient '" + g[t].name + "' is " +
@@ -179,8 +204,10 @@ Result<std::unique_ptr<CudaExecutor>> CudaExecutor::create(const Plan& plan,
                             ", the CUDA backend needs fp32 parameter gradients");
     }
     if (op.kind == OpKind::attention_forward || op.kind == OpKind::attention_backward) {
+      const AttentionShape a =
+          attention_shape(g, op, op.inputs[op.kind == OpKind::attention_forward ? 0 : 1]);
       const auto& s = g[op.inputs[op.kind == OpKind::attention_forward ? 0 : 1]].shape;
-      const std::int64_t C = s[2] / 3;
+      const std::int64_t C = a.C;
       if (!attention_supported(C, op.num_heads))
         return make_error("cuda backend: attention with C = " + std::to_string(C) + " and " +
                           std::to_string(op.num_heads) +
@@ -244,9 +271,10 @@ Status CudaExecutor::init() {
       first_optimizer_op_ = i;
       break;
     }
+  // (a sharded plan's parameter gathers among the forward ops belong to the forward)
   first_backward_op_ = first_optimizer_op_;
   for (std::size_t i = 0; i < g.ops.size(); ++i)
-    if (g.ops[i].phase != Phase::forward) {
+    if (g.ops[i].phase != Phase::forward && g.ops[i].phase != Phase::communication) {
       first_backward_op_ = i;
       break;
     }
@@ -334,6 +362,18 @@ Status CudaExecutor::init() {
   for (const Op& op : g.ops)
     if (op.kind == OpKind::adamw && op.outputs.size() >= 4)
       master_of_[static_cast<std::size_t>(op.outputs[0])] = op.outputs[3];
+  for (std::size_t k = 0; k < plan_.comm.buckets.size(); ++k)
+    for (std::size_t m = 0; m < plan_.comm.buckets[k].members.size(); ++m)
+      member_of_[plan_.comm.buckets[k].members[m].param] = {static_cast<int>(k), m};
+  transient_gradients_ =
+      plan_.comm.shard == ShardMode::gradients || plan_.comm.shard == ShardMode::parameters;
+  gather_ready_.assign(g.ops.size(), nullptr);
+  gather_done_.assign(g.ops.size(), nullptr);
+  for (std::size_t i = 0; i < g.ops.size(); ++i) {
+    if (g.ops[i].kind != OpKind::all_gather || g.ops[i].phase == Phase::optimizer) continue;
+    TL_CUDA_TRY(cudaEventCreateWithFlags(&gather_ready_[i], cudaEventDisableTiming), "event");
+    TL_CUDA_TRY(cudaEventCreateWithFlags(&gather_done_[i], cudaEventDisableTiming), "event");
+  }
   fuse_gelu_pairs();
   TL_STATUS_TRY(build_multi_tensor_tables());
   const std::size_t n_buckets = plan_.comm.buckets.size();
@@ -369,11 +409,14 @@ Status CudaExecutor::choose_attention() {
   ch = AttentionChoice{};
   cudnn_backward_.assign(g.ops.size(), 0);
   std::set<std::tuple<std::int64_t, std::int64_t, std::int64_t, std::int64_t>> shapes;
+  bool grouped = false;
   for (const Op& op : g.ops) {
     if (op.kind == OpKind::attention_backward) ++ch.own_backward_ops;
     if (op.kind != OpKind::attention_forward && op.kind != OpKind::attention_backward) continue;
-    const auto& s = g[op.inputs[op.kind == OpKind::attention_forward ? 0 : 1]].shape;
-    shapes.emplace(s[0], s[1], s[2] / 3, op.num_heads);
+    const AttentionShape a =
+        attention_shape(g, op, op.inputs[op.kind == OpKind::attention_forward ? 0 : 1]);
+    shapes.emplace(a.B, a.T, a.C, a.NH);
+    grouped = grouped || a.NKV != a.NH;
   }
   const AttentionImpl want = options_.attention;
   if (shapes.empty()) {
@@ -388,16 +431,23 @@ Status CudaExecutor::choose_attention() {
     cudnn_attention_.reset();
     if (cudnn_workspace_ != nullptr) cudaFree(cudnn_workspace_);
     cudnn_workspace_ = nullptr;
+    cudnn_workspace_alloc_bytes_ = 0;
+    cudnn_workspace_of_.clear();
     ch.cudnn_workspace_bytes = 0;
+    ch.cudnn_workspace_planned = false;
     if (want == AttentionImpl::cudnn)
       return make_error("cuda backend: attention = cudnn: " + why, 2);
     ch.reason = "auto: own, cudnn unavailable: " + why;
     return ok_status();
   };
+  if (grouped)
+    return unavailable(
+        "the plan's attention is grouped-query (n_kv_head < n_head); cuDNN attention here is set "
+        "up for multi-head attention's (B,T,3C) layout");
   if (!cudnn_attention_built())
     return unavailable(
-        "this build has no cuDNN attention (configure with meson -Dcudnn_frontend_dir=<cudnn "
-        "frontend>/include, or attention = own)");
+        "this build has no cuDNN attention (meson found no libcudnn 9 with cudnn.h; install the "
+        "cuDNN 9 development package and reconfigure, or use attention = own)");
   if (shapes.size() != 1)
     return unavailable("the plan's attention ops have " + std::to_string(shapes.size()) +
                        " shapes; cuDNN attention is set up for one");
@@ -414,12 +464,32 @@ Status CudaExecutor::choose_attention() {
   cudnn_attention_ = std::move(*created);
   ch.cudnn_version = cudnn_attention_->version();
   ch.cudnn_workspace_bytes = cudnn_attention_->workspace_bytes();
-  if (ch.cudnn_workspace_bytes > 0 &&
-      cudaMalloc(&cudnn_workspace_, ch.cudnn_workspace_bytes) != cudaSuccess) {
-    cudaGetLastError();
-    cudnn_workspace_ = nullptr;
-    return unavailable("cudaMalloc of its " + format_bytes(ch.cudnn_workspace_bytes) +
-                       " workspace failed");
+  // Each attention op runs cuDNN in its own planned workspace when that is large enough (the
+  // planner's fused_attention_workspace); any other shares one separate allocation.
+  cudnn_workspace_of_.assign(g.ops.size(), nullptr);
+  std::vector<std::size_t> needs_separate;
+  for (std::size_t j = 0; j < g.ops.size(); ++j) {
+    const Op& o = g.ops[j];
+    if (o.kind != OpKind::attention_forward && o.kind != OpKind::attention_backward) continue;
+    const std::size_t need = o.kind == OpKind::attention_forward
+                                 ? cudnn_attention_->forward_engine_workspace_bytes()
+                                 : ch.cudnn_workspace_bytes;
+    void* planned = device_pointer(o.workspace);
+    if (planned != nullptr && g[o.workspace].bytes() >= need)
+      cudnn_workspace_of_[j] = planned;
+    else if (need > 0)
+      needs_separate.push_back(j);
+  }
+  ch.cudnn_workspace_planned = needs_separate.empty();
+  if (!needs_separate.empty()) {
+    if (cudaMalloc(&cudnn_workspace_, ch.cudnn_workspace_bytes) != cudaSuccess) {
+      cudaGetLastError();
+      cudnn_workspace_ = nullptr;
+      return unavailable("cudaMalloc of its " + format_bytes(ch.cudnn_workspace_bytes) +
+                         " workspace failed");
+    }
+    cudnn_workspace_alloc_bytes_ = ch.cudnn_workspace_bytes;
+    for (auto j : needs_separate) cudnn_workspace_of_[j] = cudnn_workspace_;
   }
   // cuDNN's backward overwrites dqkv: it runs only where the latest earlier op touching dqkv is
   // the plan's zero of it (then overwriting = accumulating into zeros; init() skips that zero).
@@ -467,14 +537,16 @@ Status CudaExecutor::choose_attention() {
   if (!cud_b) return unavailable(cud_b.error().message);
   ch.cudnn_fwd_ms = *cud_f;
   ch.cudnn_bwd_ms = *cud_b;
-  // A memory budget is planned for the arena; cuDNN's memory sits outside it (beside cuBLASLt's
-  // workspace), so under a budget auto takes cuDNN only when all of it still fits. Measured after
-  // cuDNN ran (it allocates some of its memory on first use): GPT-2 124M B=64 under 16 GiB used
-  // 16.02 GiB with cuDNN (15.78 arena), 15.81 with ours.
+  // A memory budget is planned for the arena, which holds cuDNN's workspace when the planner gave
+  // the attention ops room for it; what cuDNN takes beside (its handle and plans, a separate
+  // workspace) sits outside, beside cuBLASLt's workspace, so under a budget auto takes cuDNN only
+  // when all of it still fits. Measured after cuDNN ran (it allocates some of its memory on first
+  // use): with a separate workspace, GPT-2 124M B=64 under 16 GiB used 16.02 GiB with cuDNN
+  // (15.78 arena), 15.81 with ours.
   if (plan_.memory_budget_bytes > 0) {
     const std::size_t after = device_used();
     const std::size_t cudnn_bytes =
-        std::max(ch.cudnn_workspace_bytes, after > used_before ? after - used_before : 0);
+        std::max(cudnn_workspace_alloc_bytes_, after > used_before ? after - used_before : 0);
     const std::size_t total = plan_.memory.arena_bytes + memory().workspace_bytes + cudnn_bytes;
     if (total > plan_.memory_budget_bytes) {
       const double keep_fwd = ch.cudnn_fwd_ms, keep_bwd = ch.cudnn_bwd_ms;
@@ -531,6 +603,7 @@ Result<double> CudaExecutor::time_attention(bool cudnn, bool backward) {
         qkv_t = o.inputs[0];
         y_t = o.outputs[0];
         lse_t = o.outputs[1];
+        at = static_cast<std::size_t>(&o - g.ops.data());
         break;
       }
   }
@@ -542,14 +615,8 @@ Result<double> CudaExecutor::time_attention(bool cudnn, bool backward) {
   if (qkv == nullptr || y == nullptr || lse == nullptr ||
       (backward && (dy == nullptr || dqkv == nullptr)))
     return make_error("cuda backend: attention timing: an attention tensor has no arena offset", 1);
-  const auto& s = g[qkv_t].shape;
-  const std::int64_t Bn = s[0], Tn = s[1], Cn = s[2] / 3;
-  std::int64_t heads = 1;
-  for (const Op& o : g.ops)
-    if (o.kind == OpKind::attention_forward || o.kind == OpKind::attention_backward) {
-      heads = o.num_heads;
-      break;
-    }
+  const AttentionShape shape = attention_shape(g, g.ops[at], qkv_t);
+  const std::int64_t Bn = shape.B, Tn = shape.T, Cn = shape.C, heads = shape.NH;
   auto fill = [&](bf16* p, TensorId t, std::uint32_t seed, float scale) {
     const std::int64_t n = g[t].elements();
     fill_bf16_kernel<<<static_cast<unsigned>((n + 255) / 256), 256, 0, stream_>>>(p, n, seed,
@@ -559,12 +626,12 @@ Result<double> CudaExecutor::time_attention(bool cudnn, bool backward) {
   if (dy != nullptr) fill(dy, dy_t, 2, 1.0f);
   auto run = [&](bool bwd) -> Status {
     if (cudnn) {
-      if (!bwd) return cudnn_attention_->forward(y, lse, qkv, cudnn_workspace_, stream_);
-      return cudnn_attention_->backward(dqkv, dy, qkv, y, lse, cudnn_workspace_, stream_);
+      if (!bwd) return cudnn_attention_->forward(y, lse, qkv, cudnn_workspace_of_[at], stream_);
+      return cudnn_attention_->backward(dqkv, dy, qkv, y, lse, cudnn_workspace_of_[at], stream_);
     }
     const cudaError_t e =
-        bwd ? attention_backward(dqkv, ws, dy, qkv, y, lse, Bn, Tn, Cn, heads, stream_)
-            : attention_forward(y, lse, qkv, Bn, Tn, Cn, heads, stream_);
+        bwd ? attention_backward(dqkv, ws, dy, qkv, y, lse, Bn, Tn, Cn, heads, stream_, shape.NKV)
+            : attention_forward(y, lse, qkv, Bn, Tn, Cn, heads, stream_, shape.NKV);
     if (e != cudaSuccess) return cuda_error("attention timing", e);
     return ok_status();
   };
@@ -615,7 +682,7 @@ Status CudaExecutor::build_multi_tensor_tables() {
   std::vector<std::size_t> adamw_ops;
   for (std::size_t i = 0; i < g.ops.size(); ++i) {
     const Op& op = g.ops[i];
-    if (op.kind == OpKind::global_norm) {
+    if (op.kind == OpKind::global_norm || op.kind == OpKind::sharded_global_norm) {
       for (auto t : op.inputs) {
         MultiTensorEntry e;
         e.grad = F(t);
@@ -625,6 +692,24 @@ Status CudaExecutor::build_multi_tensor_tables() {
       if (tables[i].empty()) tables[i].push_back(MultiTensorEntry{});  // norm of nothing: 0
     }
     if (op.kind == OpKind::adamw) adamw_ops.push_back(i);
+    if (op.kind == OpKind::sharded_adamw) {
+      // {grad shard, norm, scalars} -> {param shard bf16, m, v, master}: one entry per member's
+      // part within this rank's segment (its own weight decay).
+      const Bucket& b = plan_.comm.buckets[static_cast<std::size_t>(op.bucket)];
+      for (const BucketMember& m : b.members) {
+        const ShardSlice sl = shard_slice(b, m, plan_.comm.rank);
+        if (sl.count == 0) continue;
+        MultiTensorEntry e;
+        e.param = F(op.outputs[3]) + sl.shard_offset;
+        e.param_bf16 = static_cast<bf16*>(device_pointer(op.outputs[0])) + sl.shard_offset;
+        e.m = F(op.outputs[1]) + sl.shard_offset;
+        e.v = F(op.outputs[2]) + sl.shard_offset;
+        e.grad = F(op.inputs[0]) + sl.shard_offset;
+        e.n = sl.count;
+        e.decayed = m.decayed ? 1 : 0;
+        tables[i].push_back(e);
+      }
+    }
   }
   if (options_.multi_tensor_adamw && !adamw_ops.empty()) {
     first_adamw_op_ = adamw_ops.front();
@@ -673,8 +758,8 @@ Status CudaExecutor::build_multi_tensor_tables() {
   std::size_t at = 0;
   for (std::size_t i = 0; i < tables.size(); ++i) {
     if (tables[i].empty()) continue;
-    const MultiTensorUse use =
-        g.ops[i].kind == OpKind::adamw ? MultiTensorUse::adamw : MultiTensorUse::global_norm;
+    const bool adamw = g.ops[i].kind == OpKind::adamw || g.ops[i].kind == OpKind::sharded_adamw;
+    const MultiTensorUse use = adamw ? MultiTensorUse::adamw : MultiTensorUse::global_norm;
     MultiTable& mt = op_tables_[i];
     mt.blocks = layout_multi_tensor(tables[i], use);
     mt.count = static_cast<int>(tables[i].size());
@@ -699,6 +784,13 @@ CudaExecutor::~CudaExecutor() {
     if (e != nullptr) cudaEventDestroy(e);
   for (auto e : bucket_done_)
     if (e != nullptr) cudaEventDestroy(e);
+  for (auto* list : {&trace_start_, &trace_end_, &trace_bucket_start_, &trace_bucket_end_})
+    for (auto e : *list)
+      if (e != nullptr) cudaEventDestroy(e);
+  if (trace_base_ != nullptr) cudaEventDestroy(trace_base_);
+  for (auto* list : {&gather_ready_, &gather_done_})
+    for (auto e : *list)
+      if (e != nullptr) cudaEventDestroy(e);
   for (auto& s : staging_) {
     if (s.copied != nullptr) cudaEventDestroy(s.copied);
     if (s.tokens != nullptr) cudaFreeHost(s.tokens);
@@ -727,6 +819,38 @@ Status CudaExecutor::set_parameter(TensorId p, std::span<const float> values) {
     return make_error("cuda backend: set_parameter: '" + t.name + "' takes " +
                       std::to_string(t.elements()) + " values, got " +
                       std::to_string(values.size()));
+  if (plan_.comm.shard != ShardMode::none) {
+    // This rank's part into the master shard, rounded into the working copy's shard (ZeRO-3) or
+    // the whole working copy (ZeRO-1/2: every rank holds the parameters, the view of the bucket).
+    auto it = member_of_.find(p);
+    if (it == member_of_.end())
+      return make_error("cuda backend: set_parameter: '" + t.name + "' is in no bucket");
+    const Bucket& b = plan_.comm.buckets[static_cast<std::size_t>(it->second.first)];
+    const ShardSlice sl = shard_slice(b, b.members[it->second.second], plan_.comm.rank);
+    float* master = static_cast<float*>(device_pointer(b.master_shard));
+    bf16* shard = static_cast<bf16*>(device_pointer(b.param_shard));
+    if (master == nullptr || shard == nullptr)
+      return make_error("cuda backend: set_parameter: bucket of '" + t.name + "' has no shards");
+    if (sl.count > 0) {
+      TL_CUDA_TRY(cudaMemcpyAsync(master + sl.shard_offset, values.data() + sl.member_begin,
+                                  static_cast<std::size_t>(sl.count) * sizeof(float),
+                                  cudaMemcpyHostToDevice, stream_),
+                  "copy of parameter " + t.name);
+      to_bf16(shard + sl.shard_offset, master + sl.shard_offset, sl.count, stream_);
+    }
+    if (plan_.comm.shard != ShardMode::parameters) {
+      std::vector<std::uint16_t> bits(values.size());
+      for (std::size_t i = 0; i < values.size(); ++i) {
+        const __nv_bfloat16 h = __float2bfloat16(values[i]);
+        std::memcpy(&bits[i], &h, 2);
+      }
+      TL_CUDA_TRY(cudaMemcpyAsync(device_pointer(p), bits.data(), bits.size() * 2,
+                                  cudaMemcpyHostToDevice, stream_),
+                  "copy of parameter " + t.name);
+    }
+    TL_CUDA_TRY(cudaStreamSynchronize(stream_), "copy of parameter " + t.name);
+    return ok_status();
+  }
   const TensorId master = master_of_[static_cast<std::size_t>(p)];
   void* dst = device_pointer(p);
   if (dst == nullptr) return ok_status();  // no op touches it
@@ -753,24 +877,13 @@ Status CudaExecutor::set_parameter(TensorId p, std::span<const float> values) {
 Status CudaExecutor::init_parameters(std::uint64_t seed) {
   // Same values and order as CpuExecutor<float>::init_parameters.
   const Graph& g = plan_.graph;
-  int layers = 0;
-  for (auto p : g.params)
-    if (g[p].name.ends_with("attprojw")) ++layers;
   NormalRng rng(seed);
   std::vector<float> v;
   for (auto p : g.params) {
     const Tensor& t = g[p];
-    v.assign(static_cast<std::size_t>(t.elements()), 0.0f);
-    if (t.shape.size() == 1) {
-      const bool ln_weight =
-          t.name.ends_with("ln1w") || t.name.ends_with("ln2w") || t.name.ends_with("lnfw");
-      std::fill(v.begin(), v.end(), ln_weight ? 1.0f : 0.0f);
-    } else {
-      double std = 0.02;
-      if (layers > 0 && (t.name.ends_with("attprojw") || t.name.ends_with("fcprojw")))
-        std /= std::sqrt(2.0 * layers);
-      for (auto& x : v) x = static_cast<float>(std * rng.normal());
-    }
+    v.assign(static_cast<std::size_t>(t.elements()), static_cast<float>(t.init_value));
+    if (t.init_std > 0)
+      for (auto& x : v) x = static_cast<float>(t.init_std * rng.normal());
     TL_STATUS_TRY(set_parameter(p, v));
   }
   return ok_status();
@@ -820,6 +933,7 @@ void CudaExecutor::fuse_gelu_pairs() {
     for (auto t : o.inputs) visit(t, false);
     for (auto t : o.outputs) visit(t, true);
     if (o.workspace != kNoTensor) visit(o.workspace, true);
+    for (auto t : o.keep_alive) visit(t, false);
   };
   for (std::size_t k = 0; k < n_ops; ++k)
     touches(k, [&](TensorId t, bool) {
@@ -922,6 +1036,34 @@ Status CudaExecutor::set_values(TensorId t, std::span<const float> values) {
   return ok_status();
 }
 
+Status CudaExecutor::read_values(TensorId t, std::size_t offset, std::span<float> out) {
+  const Tensor& tensor = plan_.graph[t];
+  const void* src = device_pointer(t);
+  if (tensor.dtype != DType::f32 || src == nullptr ||
+      offset + out.size() > static_cast<std::size_t>(tensor.elements()))
+    return make_error("cuda backend: read_values: '" + tensor.name +
+                      "' is not an fp32 tensor of the arena holding that range");
+  TL_CUDA_TRY(cudaStreamSynchronize(stream_), "synchronise");
+  TL_CUDA_TRY(cudaMemcpy(out.data(), static_cast<const float*>(src) + offset,
+                         out.size() * sizeof(float), cudaMemcpyDeviceToHost),
+              "copy of " + tensor.name);
+  return ok_status();
+}
+
+Status CudaExecutor::write_values(TensorId t, std::size_t offset, std::span<const float> values) {
+  const Tensor& tensor = plan_.graph[t];
+  void* dst = device_pointer(t);
+  if (tensor.dtype != DType::f32 || dst == nullptr ||
+      offset + values.size() > static_cast<std::size_t>(tensor.elements()))
+    return make_error("cuda backend: write_values: '" + tensor.name +
+                      "' is not an fp32 tensor of the arena holding that range");
+  TL_CUDA_TRY(cudaMemcpyAsync(static_cast<float*>(dst) + offset, values.data(),
+                              values.size() * sizeof(float), cudaMemcpyHostToDevice, stream_),
+              "copy of " + tensor.name);
+  TL_CUDA_TRY(cudaStreamSynchronize(stream_), "copy of " + tensor.name);
+  return ok_status();
+}
+
 Result<std::vector<float>> CudaExecutor::parameter(TensorId p) {
   const TensorId master = master_of_[static_cast<std::size_t>(p)];
   return values(master != kNoTensor ? master : p);
@@ -1014,14 +1156,21 @@ Status CudaExecutor::run_range(std::size_t begin, std::size_t end, bool communic
 Status CudaExecutor::launch_range(std::size_t begin, std::size_t end, bool communicate) {
   const bool comm_active = communicate && comm_ != nullptr && comm_->world_size() > 1;
   if (options_.mode == ExecutionMode::op_by_op) return enqueue_range(begin, end, comm_active);
-  const RangeKey key{begin, end, comm_active};
+  const RangeKey key{begin, end, comm_active, tracing_};
   if (auto it = graphs_.find(key); it != graphs_.end()) {
     TL_CUDA_TRY(cudaGraphLaunch(it->second, stream_), "graph launch");
+    if (tracing_) {  // the replay records the events its capture recorded
+      const auto& [ops, buckets] = traced_in_[key];
+      for (std::size_t i : ops) trace_recorded_[i] = 1;
+      for (std::size_t b : buckets) trace_bucket_recorded_[b] = 1;
+    }
     return ok_status();
   }
   // First call of this range: run it eagerly (warms cuBLASLt's cache, kernel attributes), then
-  // capture it for the next calls.
-  if (eager_runs_[key]++ == 0) return enqueue_range(begin, end, comm_active);
+  // capture it for the next calls. A traced variant of a range already warm is captured at once,
+  // so that a traced step replays a graph like the steps around it.
+  const bool warm = tracing_ && eager_runs_[RangeKey{begin, end, comm_active, false}] > 0;
+  if (eager_runs_[key]++ == 0 && !warm) return enqueue_range(begin, end, comm_active);
   cudaGraph_t graph = nullptr;
   TL_CUDA_TRY(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal), "begin capture");
   Status enq = enqueue_range(begin, end, comm_active);
@@ -1031,6 +1180,7 @@ Status CudaExecutor::launch_range(std::size_t begin, std::size_t end, bool commu
     return enq;
   }
   TL_CUDA_TRY(ec, "end capture");
+  if (tracing_) traced_in_[key] = {range_traced_ops_, range_traced_buckets_};
   cudaGraphExec_t exec = nullptr;
   // captured kernels keep their stream's priority only when the graph is told to use it
   const cudaError_t ei = cudaGraphInstantiate(
@@ -1041,7 +1191,7 @@ Status CudaExecutor::launch_range(std::size_t begin, std::size_t end, bool commu
   cudaGraphDestroy(graph);
   TL_CUDA_TRY(ei, "graph instantiate");
   graphs_.emplace(key, exec);
-  if (begin == 0 && end == plan_.graph.ops.size()) graph_nodes_ = nodes;
+  if (begin == 0 && end == plan_.graph.ops.size() && !tracing_) graph_nodes_ = nodes;
   TL_CUDA_TRY(cudaGraphLaunch(exec, stream_), "graph launch");
   return ok_status();
 }
@@ -1050,6 +1200,11 @@ Status CudaExecutor::enqueue_range(std::size_t begin, std::size_t end, bool comm
   issued_buckets_.clear();
   range_begin_ = begin;
   range_end_ = end;
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  TL_CUDA_TRY(cudaStreamIsCapturing(stream_, &capture), "capture status");
+  capturing_ = capture == cudaStreamCaptureStatusActive;
+  range_traced_ops_.clear();
+  range_traced_buckets_.clear();
   bool joined = false;
   for (std::size_t i = begin; i < end; ++i) {
     if (i > begin && fused_with_next_[i - 1]) continue;  // ran with its crossentropy_forward
@@ -1057,20 +1212,30 @@ Status CudaExecutor::enqueue_range(std::size_t begin, std::size_t end, bool comm
       continue;  // ran in its GEMM's epilogue
     const bool profile = !op_start_.empty();
     if (profile) TL_CUDA_TRY(cudaEventRecord(op_start_[i], stream_), "profile event");
+    if (tracing_) TL_CUDA_TRY(record_trace_event(trace_start_[i], stream_), "trace event");
     TL_STATUS_TRY(enqueue_op(i, communicate, fused_with_next_[i] && i + 1 < end, joined));
     if (profile) {
       TL_CUDA_TRY(cudaEventRecord(op_end_[i], stream_), "profile event");
       op_recorded_[i] = 1;
     }
+    if (tracing_) {
+      TL_CUDA_TRY(record_trace_event(trace_end_[i], stream_), "trace event");
+      trace_recorded_[i] = 1;
+      range_traced_ops_.push_back(i);
+    }
   }
   return join_communication();
 }
 
-// The optimizer (and the end of any range) waits for every bucket's all-reduce.
+// The optimizer (and the end of any range) waits for every bucket's all-reduce or reduce-scatter,
+// and for a gather no op of the range read.
 Status CudaExecutor::join_communication() {
   for (auto b : issued_buckets_)
     TL_CUDA_TRY(cudaStreamWaitEvent(stream_, bucket_done_[b], 0), "wait for all-reduce");
   issued_buckets_.clear();
+  for (const auto& [tensor, done] : pending_gathers_)
+    TL_CUDA_TRY(cudaStreamWaitEvent(stream_, done, 0), "wait for a gather");
+  pending_gathers_.clear();
   return ok_status();
 }
 
@@ -1090,6 +1255,15 @@ Status CudaExecutor::enqueue_op(std::size_t index, bool communicate, bool fuse, 
   auto shape = [&](TensorId t) -> const std::vector<std::int64_t>& { return g[t].shape; };
   auto el = [&](TensorId t) { return g[t].elements(); };
   auto where = [&]() { return "op " + std::to_string(index) + " '" + op.name + "'"; };
+  // A parameter buffer a gather on the side stream is filling: wait for it before its first reader.
+  if (!pending_gathers_.empty())
+    for (auto t : op.inputs) {
+      const TensorId base = g[t].view_of != kNoTensor ? g[t].view_of : t;
+      if (auto it = pending_gathers_.find(base); it != pending_gathers_.end()) {
+        TL_CUDA_TRY(cudaStreamWaitEvent(stream_, it->second, 0), where() + ": wait for a gather");
+        pending_gathers_.erase(it);
+      }
+    }
   cudaError_t err = cudaSuccess;
   switch (op.kind) {
     case OpKind::encoder_forward: {
@@ -1164,28 +1338,30 @@ Status CudaExecutor::enqueue_op(std::size_t index, bool communicate, bool fuse, 
       const auto& s = shape(op.inputs[0]);
       if (attention_choice_.chosen == AttentionImpl::cudnn) {
         if (auto st = cudnn_attention_->forward(B(op.outputs[0]), F(op.outputs[1]), B(op.inputs[0]),
-                                                cudnn_workspace_, stream_);
+                                                cudnn_workspace_of_[index], stream_);
             !st)
           return make_error("cuda backend: " + where() + ": " + st.error().message, 1);
         break;
       }
-      err = attention_forward(B(op.outputs[0]), F(op.outputs[1]), B(op.inputs[0]), s[0], s[1],
-                              s[2] / 3, op.num_heads, stream_);
+      const AttentionShape a = attention_shape(g, op, op.inputs[0]);
+      err = attention_forward(B(op.outputs[0]), F(op.outputs[1]), B(op.inputs[0]), s[0], s[1], a.C,
+                              op.num_heads, stream_, a.NKV);
       break;
     }
     case OpKind::attention_backward: {
       const auto& s = shape(op.inputs[1]);
       if (cudnn_backward_[index]) {  // overwrites dqkv: its first writer (the zero is skipped)
         if (auto st = cudnn_attention_->backward(B(op.outputs[0]), B(op.inputs[0]), B(op.inputs[1]),
-                                                 B(op.inputs[2]), F(op.inputs[3]), cudnn_workspace_,
-                                                 stream_);
+                                                 B(op.inputs[2]), F(op.inputs[3]),
+                                                 cudnn_workspace_of_[index], stream_);
             !st)
           return make_error("cuda backend: " + where() + ": " + st.error().message, 1);
         break;
       }
+      const AttentionShape a = attention_shape(g, op, op.inputs[1]);
       err = attention_backward(B(op.outputs[0]), device_pointer(op.workspace), B(op.inputs[0]),
-                               B(op.inputs[1]), B(op.inputs[2]), F(op.inputs[3]), s[0], s[1],
-                               s[2] / 3, op.num_heads, stream_);
+                               B(op.inputs[1]), B(op.inputs[2]), F(op.inputs[3]), s[0], s[1], a.C,
+                               op.num_heads, stream_, a.NKV);
       break;
     }
     case OpKind::gelu_forward:
@@ -1255,15 +1431,83 @@ Status CudaExecutor::enqueue_op(std::size_t index, bool communicate, bool fuse, 
                    g[op.outputs[0]].decayed, stream_);
       break;
     }
+    case OpKind::rmsnorm_forward: {
+      const std::int64_t C = shape(op.inputs[1])[0], N = el(op.inputs[0]) / C;
+      err = rmsnorm_forward(B(op.outputs[0]), F(op.outputs[1]), B(op.inputs[0]), B(op.inputs[1]), N,
+                            C, stream_);
+      break;
+    }
+    case OpKind::residual_rmsnorm_forward: {
+      const std::int64_t C = shape(op.inputs[2])[0], N = el(op.inputs[0]) / C;
+      err = residual_rmsnorm_forward(B(op.outputs[0]), B(op.outputs[1]), F(op.outputs[2]),
+                                     B(op.inputs[0]), B(op.inputs[1]), B(op.inputs[2]), N, C,
+                                     stream_);
+      break;
+    }
+    case OpKind::rmsnorm_backward: {
+      const std::int64_t C = shape(op.inputs[2])[0], N = el(op.inputs[0]) / C;
+      err = rmsnorm_backward(B(op.outputs[0]), F(op.outputs[1]), B(op.inputs[0]), B(op.inputs[1]),
+                             B(op.inputs[2]), F(op.inputs[3]), N, C, stream_);
+      break;
+    }
+    case OpKind::rope_forward:
+    case OpKind::rope_backward: {
+      const AttentionShape a = attention_shape(g, op, op.inputs[0]);
+      err = op.kind == OpKind::rope_forward
+                ? rope_forward(B(op.outputs[0]), B(op.inputs[0]), a.B, a.T, a.C, a.NH, a.NKV,
+                               op.rope_theta, stream_)
+                : rope_backward(B(op.outputs[0]), B(op.inputs[0]), a.B, a.T, a.C, a.NH, a.NKV,
+                                op.rope_theta, stream_);
+      break;
+    }
+    case OpKind::swiglu_forward: {
+      const std::int64_t H = shape(op.outputs[0]).back(), N = el(op.outputs[0]) / H;
+      err = swiglu_forward(B(op.outputs[0]), B(op.inputs[0]), N, H, stream_);
+      break;
+    }
+    case OpKind::swiglu_backward: {
+      const std::int64_t H = shape(op.inputs[0]).back(), N = el(op.inputs[0]) / H;
+      err = swiglu_backward(B(op.outputs[0]), B(op.inputs[0]), B(op.inputs[1]), N, H, stream_);
+      break;
+    }
+    case OpKind::sharded_global_norm: {
+      // This rank's sum of squares, summed over the ranks (fp32), then the root.
+      const MultiTable& t = op_tables_[index];
+      sum_of_squares_multi(F(op.outputs[0]), norm_partials_,
+                           static_cast<const MultiTensorEntry*>(t.entries), t.count, t.blocks,
+                           stream_);
+      if (comm_ != nullptr && comm_->world_size() > 1)
+        TL_CUDA_TRY(comm_->all_reduce_sum(F(op.outputs[0]), 1, stream_),
+                    where() + ": sum of the ranks' squares");
+      sqrt_in_place(F(op.outputs[0]), stream_);
+      break;
+    }
+    case OpKind::sharded_adamw: {
+      const MultiTable& t = op_tables_[index];
+      adamw_update_multi(static_cast<const MultiTensorEntry*>(t.entries), t.count, t.blocks,
+                         F(op.inputs[2]), F(op.inputs[1]), stream_);
+      break;
+    }
+    case OpKind::reduce_scatter:
+    case OpKind::all_gather:
+      TL_STATUS_TRY(enqueue_collective(index, op, communicate));
+      break;
     case OpKind::all_reduce: {
       if (!communicate) break;
       const auto b = static_cast<std::size_t>(op.bucket);
       const Bucket& bucket = plan_.comm.buckets[b];
       TL_CUDA_TRY(cudaEventRecord(bucket_ready_[b], stream_), where() + ": bucket ready event");
       TL_CUDA_TRY(cudaStreamWaitEvent(comm_stream_, bucket_ready_[b], 0), where());
+      if (tracing_)
+        TL_CUDA_TRY(record_trace_event(trace_bucket_start_[b], comm_stream_), "trace event");
       TL_CUDA_TRY(comm_->all_reduce_sum(reinterpret_cast<float*>(arena_ + bucket.offset),
                                         bucket.bytes / sizeof(float), comm_stream_),
                   where() + ": all-reduce of bucket " + std::to_string(b));
+      if (tracing_) {
+        TL_CUDA_TRY(record_trace_event(trace_bucket_end_[b], comm_stream_), "trace event");
+        trace_bucket_recorded_[b] = 1;
+        range_traced_buckets_.push_back(b);
+      }
       TL_CUDA_TRY(cudaEventRecord(bucket_done_[b], comm_stream_), where() + ": done event");
       issued_buckets_.push_back(b);
       break;
@@ -1272,6 +1516,70 @@ Status CudaExecutor::enqueue_op(std::size_t index, bool communicate, bool fuse, 
   if (err == cudaSuccess) err = cudaGetLastError();
   if (err != cudaSuccess)
     return cuda_error(where() + " (" + std::string(op_name(op.kind)) + ")", err);
+  return ok_status();
+}
+
+// The sharded plans' collectives (see GpuCommunicator). A bucket's reduce-scatter runs on the side
+// stream as the all-reduce does (ZeRO-1's on the last micro-step only, ZeRO-2/3's on every one,
+// adding this rank's segment into the gradient shard there); a forward or backward gather runs on
+// the side stream once the compute stream got to it (the buffer's memory is free then) and its
+// first reader waits for it; the optimizer's gathers run on the compute stream.
+Status CudaExecutor::enqueue_collective(std::size_t index, const Op& op, bool communicate) {
+  const Graph& g = plan_.graph;
+  const auto k = static_cast<std::size_t>(op.bucket);
+  const Bucket& b = plan_.comm.buckets[k];
+  const bool ranks = comm_ != nullptr && comm_->world_size() > 1;
+  const std::size_t S = static_cast<std::size_t>(b.segment_elements);
+  const std::size_t own = static_cast<std::size_t>(plan_.comm.rank) * S;
+  const std::string where = "op " + std::to_string(index) + " '" + op.name + "'";
+  if (op.kind == OpKind::reduce_scatter) {
+    const bool accumulate = op.outputs.size() == 2;
+    if (!accumulate && !communicate) return ok_status();  // ZeRO-1: the last micro-step's only
+    float* buffer = static_cast<float*>(device_pointer(op.inputs[0]));
+    // The previous bucket's transient buffer (kept alive until here by the plan) must be reduced
+    // before the compute stream may reuse its memory.
+    if (transient_gradients_ && !issued_buckets_.empty())
+      TL_CUDA_TRY(cudaStreamWaitEvent(stream_, bucket_done_[issued_buckets_.back()], 0), where);
+    TL_CUDA_TRY(cudaEventRecord(bucket_ready_[k], stream_), where + ": bucket ready event");
+    TL_CUDA_TRY(cudaStreamWaitEvent(comm_stream_, bucket_ready_[k], 0), where);
+    if (ranks)
+      TL_CUDA_TRY(
+          comm_->reduce_scatter_sum(buffer, static_cast<std::size_t>(b.elements), comm_stream_),
+          where + ": reduce-scatter of bucket " + std::to_string(k));
+    if (accumulate)
+      add_in_place(static_cast<float*>(device_pointer(op.outputs[1])), buffer + own,
+                   static_cast<std::int64_t>(S), comm_stream_);
+    TL_CUDA_TRY(cudaEventRecord(bucket_done_[k], comm_stream_), where + ": done event");
+    issued_buckets_.push_back(k);
+    return ok_status();
+  }
+  // all_gather {shard} -> {buffer}
+  bf16* buffer = static_cast<bf16*>(device_pointer(op.outputs[0]));
+  const bf16* shard = static_cast<const bf16*>(device_pointer(op.inputs[0]));
+  if (op.phase == Phase::optimizer || gather_done_[index] == nullptr) {
+    if (shard != buffer + own)
+      TL_CUDA_TRY(
+          cudaMemcpyAsync(buffer + own, shard, S * sizeof(bf16), cudaMemcpyDeviceToDevice, stream_),
+          where);
+    if (ranks)
+      TL_CUDA_TRY(
+          comm_->all_gather(buffer, buffer + own, static_cast<std::size_t>(b.elements), stream_),
+          where + ": all-gather of bucket " + std::to_string(k));
+    return ok_status();
+  }
+  TL_CUDA_TRY(cudaEventRecord(gather_ready_[index], stream_), where + ": gather ready event");
+  TL_CUDA_TRY(cudaStreamWaitEvent(comm_stream_, gather_ready_[index], 0), where);
+  if (ranks)
+    TL_CUDA_TRY(
+        comm_->all_gather(buffer, shard, static_cast<std::size_t>(b.elements), comm_stream_),
+        where + ": all-gather of bucket " + std::to_string(k));
+  else if (shard != buffer + own)
+    TL_CUDA_TRY(cudaMemcpyAsync(buffer + own, shard, S * sizeof(bf16), cudaMemcpyDeviceToDevice,
+                                comm_stream_),
+                where);
+  TL_CUDA_TRY(cudaEventRecord(gather_done_[index], comm_stream_), where + ": gather done event");
+  pending_gathers_[g[op.outputs[0]].view_of != kNoTensor ? g[op.outputs[0]].view_of
+                                                         : op.outputs[0]] = gather_done_[index];
   return ok_status();
 }
 
@@ -1308,12 +1616,82 @@ Result<std::vector<double>> CudaExecutor::op_times_ms() {
   return ms;
 }
 
+cudaError_t CudaExecutor::record_trace_event(cudaEvent_t event, cudaStream_t stream) const {
+  return capturing_ ? cudaEventRecordWithFlags(event, stream, cudaEventRecordExternal)
+                    : cudaEventRecord(event, stream);
+}
+
+Status CudaExecutor::set_tracing(bool on) {
+  if (on && trace_base_ == nullptr) {
+    const std::size_t n_ops = plan_.graph.ops.size(), n_buckets = plan_.comm.buckets.size();
+    trace_start_.assign(n_ops, nullptr);
+    trace_end_.assign(n_ops, nullptr);
+    trace_bucket_start_.assign(n_buckets, nullptr);
+    trace_bucket_end_.assign(n_buckets, nullptr);
+    for (auto* list : {&trace_start_, &trace_end_, &trace_bucket_start_, &trace_bucket_end_})
+      for (auto& e : *list) TL_CUDA_TRY(cudaEventCreate(&e), "trace event");
+    TL_CUDA_TRY(cudaEventCreate(&trace_base_), "trace event");
+  }
+  if (on) {
+    trace_recorded_.assign(plan_.graph.ops.size(), 0);
+    trace_bucket_recorded_.assign(plan_.comm.buckets.size(), 0);
+    TL_CUDA_TRY(cudaEventRecord(trace_base_, stream_), "trace event");
+  }
+  tracing_ = on;
+  return ok_status();
+}
+
+Result<CudaExecutor::TracedTimes> CudaExecutor::traced_times() {
+  if (trace_base_ == nullptr) return make_error("cuda backend: traced_times without set_tracing");
+  TL_CUDA_TRY(cudaStreamSynchronize(stream_), "synchronise");
+  if (comm_stream_ != nullptr) TL_CUDA_TRY(cudaStreamSynchronize(comm_stream_), "synchronise");
+  TracedTimes t;
+  auto read = [&](const std::vector<cudaEvent_t>& starts, const std::vector<cudaEvent_t>& ends,
+                  const std::vector<std::uint8_t>& recorded,
+                  std::vector<std::pair<double, double>>& out) -> Status {
+    out.assign(starts.size(), {-1.0, -1.0});
+    for (std::size_t i = 0; i < starts.size(); ++i) {
+      if (i >= recorded.size() || !recorded[i]) continue;
+      float a = 0, b = 0;
+      TL_CUDA_TRY(cudaEventElapsedTime(&a, trace_base_, starts[i]), "trace event");
+      TL_CUDA_TRY(cudaEventElapsedTime(&b, trace_base_, ends[i]), "trace event");
+      out[i] = {a, b};
+      t.end_ms = std::max(t.end_ms, static_cast<double>(b));
+    }
+    return ok_status();
+  };
+  if (auto s = read(trace_start_, trace_end_, trace_recorded_, t.ops); !s) return s.error();
+  if (auto s = read(trace_bucket_start_, trace_bucket_end_, trace_bucket_recorded_, t.buckets); !s)
+    return s.error();
+  return t;
+}
+
+CudaExecutor::OpExecution CudaExecutor::execution_of(std::size_t i) const {
+  const Graph& g = plan_.graph;
+  OpExecution e;
+  if (i >= g.ops.size()) return e;
+  const Op& op = g.ops[i];
+  e.overwrites =
+      overwrite_[i] != 0 || cudnn_backward_[i] != 0 || op.kind == OpKind::crossentropy_backward;
+  if (op.kind == OpKind::zero && skip_zero_[i]) return e;
+  if (op.kind == OpKind::all_reduce && (comm_ == nullptr || comm_->world_size() <= 1)) return e;
+  if (i > 0 && fused_with_next_[i - 1]) {
+    e.runs_in = i - 1;
+  } else if (gelu_fused_into_[i] != kNoPartner) {
+    e.runs_in = gelu_fused_into_[i];
+  } else if (op.kind == OpKind::adamw && adamw_folded_[i]) {
+    e.runs_in = first_adamw_op_;
+  } else {
+    e.runs_in = i;
+  }
+  return e;
+}
+
 DeviceMemory CudaExecutor::memory() const {
   DeviceMemory m;
   m.arena_bytes = plan_.memory.arena_bytes;
   m.workspace_bytes = std::size_t{32} << 20;
-  m.attention_workspace_bytes =
-      cudnn_workspace_ != nullptr ? attention_choice_.cudnn_workspace_bytes : 0;
+  m.attention_workspace_bytes = cudnn_workspace_alloc_bytes_;
   std::size_t free_bytes = 0, total_bytes = 0;
   if (cudaMemGetInfo(&free_bytes, &total_bytes) == cudaSuccess) {
     m.used_bytes = total_bytes - free_bytes;

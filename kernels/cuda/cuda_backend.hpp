@@ -11,6 +11,7 @@
 // step. ExecutionMode::op_by_op launches the same plan kernel by kernel (the comparison baseline).
 #pragma once
 
+#include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
 #include <cstddef>
@@ -23,7 +24,7 @@
 #include <vector>
 
 #include "topolaunch/common/result.hpp"
-#include "topolaunch/kernels/cpu_backend.hpp"  // AdamWSettings
+#include "topolaunch/kernels/optimizer.hpp"
 #include "topolaunch/kernels/plan.hpp"
 
 namespace topolaunch::kernels::cuda {
@@ -45,6 +46,13 @@ class GpuCommunicator {
   virtual int world_size() const = 0;
   // In place: data[0..count) = sum over ranks of data[0..count) (fp32).
   virtual cudaError_t all_reduce_sum(float* data, std::size_t count, cudaStream_t stream) = 0;
+  // Sharded plans (plan.hpp, ShardMode). count is a multiple of world_size(); segment r is
+  // [r*count/n, (r+1)*count/n). reduce_scatter_sum: in place, this rank's segment becomes the sum
+  // over ranks of that segment (the others are left unspecified). all_gather: data[0..count) (bf16)
+  // becomes every rank's segment, `shard` being this rank's (data's own segment, or elsewhere).
+  virtual cudaError_t reduce_scatter_sum(float* data, std::size_t count, cudaStream_t stream) = 0;
+  virtual cudaError_t all_gather(__nv_bfloat16* data, const __nv_bfloat16* shard, std::size_t count,
+                                 cudaStream_t stream) = 0;
 };
 
 enum class ExecutionMode : std::uint8_t {
@@ -53,7 +61,7 @@ enum class ExecutionMode : std::uint8_t {
 };
 
 // Which causal attention the executor runs: our kernels (attention.cuh), cuDNN's fused attention
-// (attention_cudnn.cuh; only in builds with meson's cudnn_frontend_dir), or auto: both timed at
+// (attention_cudnn.cuh; only in builds that found libcudnn 9), or auto: both timed at
 // creation on the plan's attention shape (forward + backward, CUDA events, in the arena before it
 // is zeroed) and the faster kept; auto falls back to own, with the reason, when cuDNN is not built
 // or refuses the shape.
@@ -66,8 +74,12 @@ struct AttentionChoice {
   double own_fwd_ms = 0, own_bwd_ms = 0;      // median of the timed reps, one op
   double cudnn_fwd_ms = 0, cudnn_bwd_ms = 0;
   std::string reason;         // one line: why this one (e.g. the cuDNN error auto fell back on)
-  std::string cudnn_version;  // "cuDNN 9.14.0, frontend 1.23.0" when cuDNN was set up
-  std::size_t cudnn_workspace_bytes = 0;  // device workspace held while cuDNN is chosen
+  std::string cudnn_version;  // "cuDNN 9.14.0, backend API, engines .." when cuDNN was set up
+  std::size_t cudnn_workspace_bytes = 0;  // workspace cuDNN's graphs need (0: cuDNN not chosen)
+  // The plan's attention workspaces hold it (PlanOptions::fused_attention_workspace): no device
+  // memory outside the arena but cuDNN's handle. Otherwise one separate allocation of
+  // cudnn_workspace_bytes (DeviceMemory::attention_workspace_bytes).
+  bool cudnn_workspace_planned = false;
   int cudnn_backward_ops = 0;  // attention backwards run by cuDNN (the first writers of dqkv)
   int own_backward_ops = 0;    // attention backwards run by our kernel (accumulating)
 };
@@ -104,7 +116,8 @@ struct CudaExecutorOptions {
 struct DeviceMemory {
   std::size_t arena_bytes = 0;                // the one arena (plan.memory.arena_bytes)
   std::size_t workspace_bytes = 0;            // cuBLASLt workspace
-  std::size_t attention_workspace_bytes = 0;  // cuDNN attention's workspace (0 with our kernels)
+  std::size_t attention_workspace_bytes = 0;  // cuDNN's workspace outside the arena (0: planned
+                                              // in the arena, or our kernels)
   std::size_t used_bytes = 0;  // cudaMemGetInfo: total - free, now (context included)
   std::size_t total_bytes = 0;
 };
@@ -129,8 +142,13 @@ class CudaExecutor {
   // GPT-2 init, the same values as CpuExecutor<float>::init_parameters(seed) (same RNG, same
   // order): written to the fp32 master copy and rounded into the bf16 working copy.
   Status init_parameters(std::uint64_t seed);
-  // One parameter from fp32 host values (master copy + bf16 working copy).
+  // One parameter from fp32 host values (master copy + bf16 working copy). A sharded plan keeps
+  // this rank's part of the master (and, ZeRO-3, of the working copy; ZeRO-1/2 hold all of it).
   Status set_parameter(TensorId param, std::span<const float> values);
+  // Elements [offset, offset + out.size()) of an fp32 tensor (a shard), to the host / from it;
+  // synchronise the stream.
+  Status read_values(TensorId t, std::size_t offset, std::span<float> out);
+  Status write_values(TensorId t, std::size_t offset, std::span<const float> values);
   // The fp32 master copy of a parameter (the bf16 working copy when it has none).
   Result<std::vector<float>> parameter(TensorId param);
   // Any float tensor (bf16 or fp32) copied to the host as float; synchronises the stream.
@@ -164,6 +182,16 @@ class CudaExecutor {
   // profile_ops: GPU milliseconds of each op of the plan in the last launch that ran it (0 for
   // ops not run, or fused into the previous one). Synchronises.
   Result<std::vector<double>> op_times_ms();
+  // How op `index` of the plan runs in a whole-step launch: inside which op's launch (itself, the
+  // GEMM whose epilogue computes a fused gelu, the crossentropy_forward of a fused classifier, the
+  // first adamw of the one multi-tensor launch), or not at all (a zero skipped because the first
+  // writer overwrites); and whether it overwrites its (first) output instead of accumulating.
+  static constexpr std::size_t kNotRun = static_cast<std::size_t>(-1);
+  struct OpExecution {
+    std::size_t runs_in = kNotRun;
+    bool overwrites = false;
+  };
+  OpExecution execution_of(std::size_t index) const;
   // Kernel/memset/event nodes of the captured whole-step graph (0 before the first capture).
   std::size_t graph_nodes() const { return graph_nodes_; }
   std::size_t graphs_captured() const { return graphs_.size(); }
@@ -176,6 +204,21 @@ class CudaExecutor {
   // Host time of the last launch (graph launch, or every kernel launch op by op; capture included
   // the first time), not counting the staging copies before it.
   double last_launch_host_ms() const { return last_launch_host_ms_; }
+
+  // Tracing (the worker's [observe] trace_steps): from set_tracing(true) on, each launch runs its
+  // range's traced variant, captured as a graph of its own, which records a CUDA event before and
+  // after each op on the compute stream and around each bucket all-reduce on the communication
+  // stream (external event nodes, re-recorded by every replay); set_tracing(false) goes back to
+  // the ranges' own graphs, which were never changed. The times are read with traced_times().
+  Status set_tracing(bool on);
+  struct TracedTimes {
+    // Per op of the plan and per bucket: start and end, in ms after set_tracing(true) reached the
+    // stream; {-1, -1} for an op not run by itself (fused into another's launch) or not launched.
+    std::vector<std::pair<double, double>> ops, buckets;
+    double end_ms = 0;  // the latest end
+  };
+  // The traced launches' times since set_tracing(true); synchronises the stream.
+  Result<TracedTimes> traced_times();
 
  private:
   CudaExecutor(const Plan& plan, const CudaExecutorOptions& options, GpuCommunicator* comm);
@@ -201,7 +244,9 @@ class CudaExecutor {
   // and per op whether its attention backward runs through cuDNN (it overwrites dqkv: only where
   // it is dqkv's first writer after the plan's zero; other attention backwards run ours).
   std::unique_ptr<CudnnAttention> cudnn_attention_;
-  void* cudnn_workspace_ = nullptr;
+  void* cudnn_workspace_ = nullptr;  // only where a planned workspace is too small
+  std::size_t cudnn_workspace_alloc_bytes_ = 0;
+  std::vector<void*> cudnn_workspace_of_;  // per attention op: the workspace cuDNN runs in
   std::vector<std::uint8_t> cudnn_backward_;
   AttentionChoice attention_choice_;
   std::size_t first_optimizer_op_ = 0, first_backward_op_ = 0;
@@ -232,6 +277,15 @@ class CudaExecutor {
   std::size_t range_begin_ = 0, range_end_ = 0;  // the range being enqueued
   std::vector<cudaEvent_t> bucket_ready_, bucket_done_;
   std::vector<std::size_t> issued_buckets_;  // issued in the range being enqueued, not yet joined
+  // Sharded plans: whose transient gradient buffers the compute stream may reuse only after their
+  // reduce-scatter (the plan keeps bucket k's alive until the next bucket's reduce-scatter, where
+  // the compute stream waits for it); the gathers' events per all_gather op, and the gathered
+  // buffers the compute stream has still to wait for (base tensor -> that gather's done event).
+  bool transient_gradients_ = false;
+  std::vector<cudaEvent_t> gather_ready_, gather_done_;  // per op (null: not a gather)
+  std::map<TensorId, cudaEvent_t> pending_gathers_;
+  std::map<TensorId, std::pair<int, std::size_t>> member_of_;  // parameter -> (bucket, member)
+  Status enqueue_collective(std::size_t index, const Op& op, bool communicate);
 
   // Pinned staging of the host -> device copies made before each launch (two slots, so the host
   // fills one while the previous copy may still be in flight).
@@ -248,13 +302,24 @@ class CudaExecutor {
 
   // (begin, end, communicate) -> instantiated graph; ranges run eagerly once before capture (the
   // first call also warms cuBLASLt's algorithm cache and the kernels' attributes).
-  using RangeKey = std::tuple<std::size_t, std::size_t, bool>;
+  using RangeKey = std::tuple<std::size_t, std::size_t, bool, bool>;  // begin, end, comm, traced
   std::map<RangeKey, cudaGraphExec_t> graphs_;
   std::map<RangeKey, int> eager_runs_;
   std::size_t graph_nodes_ = 0;
   double last_launch_host_ms_ = 0;
   std::vector<cudaEvent_t> op_start_, op_end_;  // profile_ops
   std::vector<std::uint8_t> op_recorded_;
+  // Tracing: events per op and per bucket, recorded in the traced graphs; the base on the stream.
+  bool tracing_ = false;
+  bool capturing_ = false;  // the range being enqueued is being captured
+  cudaEvent_t trace_base_ = nullptr;
+  std::vector<cudaEvent_t> trace_start_, trace_end_, trace_bucket_start_, trace_bucket_end_;
+  std::vector<std::uint8_t> trace_recorded_, trace_bucket_recorded_;
+  // The ops and buckets whose events each traced graph records (a replay records them again
+  // without enqueue_range running), and those of the range being enqueued.
+  std::map<RangeKey, std::pair<std::vector<std::size_t>, std::vector<std::size_t>>> traced_in_;
+  std::vector<std::size_t> range_traced_ops_, range_traced_buckets_;
+  cudaError_t record_trace_event(cudaEvent_t event, cudaStream_t stream) const;
 };
 
 }  // namespace topolaunch::kernels::cuda

@@ -19,7 +19,7 @@ bool contains(const std::vector<std::string>& names, std::string_view name) {
   return std::find(names.begin(), names.end(), name) != names.end();
 }
 
-bool has(const wireup::Env& env, const char* name) {
+bool has(const Environment& env, const char* name) {
   auto it = env.find(name);
   return it != env.end() && !it->second.empty();
 }
@@ -55,17 +55,18 @@ std::vector<std::string> parse_srun_mpi_list(std::string_view text) {
   return names;
 }
 
-Result<std::string> srun_mpi_for(WireupBackend requested, const std::vector<std::string>& offered,
+Result<std::string> srun_mpi_for(jobspec::WireupBackend requested,
+                                 const std::vector<std::string>& offered,
                                  const std::vector<std::string>& compiled) {
   switch (requested) {
-    case WireupBackend::tcp:
+    case jobspec::WireupBackend::tcp:
       return std::string("none");
-    case WireupBackend::automatic:
+    case jobspec::WireupBackend::automatic:
       if (contains(offered, "pmix") && contains(compiled, "pmix")) return std::string("pmix");
       if (contains(offered, "pmi2") && contains(compiled, "pmi2")) return std::string("pmi2");
       return std::string("none");
-    case WireupBackend::pmix:
-    case WireupBackend::pmi2: {
+    case jobspec::WireupBackend::pmix:
+    case jobspec::WireupBackend::pmi2: {
       const std::string name(to_string(requested));
       if (!contains(compiled, name))
         return not_compiled(name, name == "pmix" ? "libpmix-dev" : "libpmi2-0-dev");
@@ -81,13 +82,13 @@ Result<std::string> srun_mpi_for(WireupBackend requested, const std::vector<std:
   return make_error("wireup.backend: unknown backend");
 }
 
-Result<wireup::Backend> agent_backend(WireupBackend requested, const wireup::Env& env,
+Result<wireup::Backend> agent_backend(jobspec::WireupBackend requested, const Environment& env,
                                       const std::vector<std::string>& compiled) {
   const bool pmix_env = has(env, "PMIX_RANK") && has(env, "PMIX_NAMESPACE");
   const bool pmi2_env = has(env, "PMI_FD") || has(env, "PMI_RANK");
   const bool tcp_env = has(env, "TOPOLAUNCH_AGENT_STORE");
   switch (requested) {
-    case WireupBackend::pmix:
+    case jobspec::WireupBackend::pmix:
       if (!contains(compiled, "pmix")) return not_compiled("pmix", "libpmix-dev");
       if (!pmix_env) {
         return make_error(
@@ -95,7 +96,7 @@ Result<wireup::Backend> agent_backend(WireupBackend requested, const wireup::Env
             "started by srun --mpi=pmix)");
       }
       return wireup::Backend::pmix;
-    case WireupBackend::pmi2:
+    case jobspec::WireupBackend::pmi2:
       if (!contains(compiled, "pmi2")) return not_compiled("pmi2", "libpmi2-0-dev");
       if (!pmi2_env) {
         return make_error(
@@ -103,14 +104,14 @@ Result<wireup::Backend> agent_backend(WireupBackend requested, const wireup::Env
             "by srun --mpi=pmi2)");
       }
       return wireup::Backend::pmi2;
-    case WireupBackend::tcp:
+    case jobspec::WireupBackend::tcp:
       if (!tcp_env) {
         return make_error(
             "wireup.backend = \"tcp\": TOPOLAUNCH_AGENT_STORE is not set (agents are started by "
             "topolaunch run)");
       }
       return wireup::Backend::tcp;
-    case WireupBackend::automatic:
+    case jobspec::WireupBackend::automatic:
       if (pmix_env && contains(compiled, "pmix")) return wireup::Backend::pmix;
       if (pmi2_env && contains(compiled, "pmi2")) return wireup::Backend::pmi2;
       if (tcp_env) return wireup::Backend::tcp;

@@ -3,7 +3,7 @@
 #include <cstdio>
 
 #include "commands.hpp"
-#include "topolaunch/launcher/job_config.hpp"
+#include "topolaunch/jobspec/job_config.hpp"
 
 namespace topolaunch::launcher {
 
@@ -14,7 +14,7 @@ void register_check_command(CLI::App& app, int& exit_code) {
   cmd->add_option("config", *path, "the job config (TOML)")->required();
   cmd->add_flag("-q,--quiet", *quiet, "print nothing when the config is valid");
   cmd->callback([path, quiet, &exit_code] {
-    auto config = load_job_config(*path);
+    auto config = jobspec::load_job_config(*path);
     if (!config) {
       std::fprintf(stderr, "topolaunch: %s\n", config.error().message.c_str());
       exit_code = config.error().exit_code;

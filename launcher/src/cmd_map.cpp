@@ -11,7 +11,8 @@
 #include <vector>
 
 #include "commands.hpp"
-#include "topolaunch/launcher/job_config.hpp"
+#include "process.hpp"
+#include "topolaunch/jobspec/job_config.hpp"
 #include "topolaunch/topology/discover.hpp"
 #include "topolaunch/topology/rankmap.hpp"
 #include "topolaunch/topology/score.hpp"
@@ -159,7 +160,7 @@ void print_human(const MappingReport& report, const std::vector<NodeInput>& node
 }
 
 int run_map(const MapOptions& options) {
-  auto config = load_job_config(options.config_path);
+  auto config = jobspec::load_job_config(options.config_path);
   if (!config) {
     std::fprintf(stderr, "topolaunch map: %s\n", config.error().message.c_str());
     return config.error().exit_code;
@@ -209,7 +210,19 @@ int run_map(const MapOptions& options) {
     }
     count = static_cast<int>(names.size());
   } else {
-    for (int i = 0; i < count; ++i) names.push_back(fmt::format("n{}", i + 1));
+    // The names `run` would use: the allocation's nodes inside Slurm, this machine's name for
+    // one node, else n1..nN.
+    std::vector<std::string> allocated;
+    if (auto nodelist = env_value("SLURM_JOB_NODELIST")) {
+      if (auto expanded = topology::expand_hostlist(*nodelist)) allocated = std::move(*expanded);
+    }
+    if (static_cast<int>(allocated.size()) >= count) {
+      names.assign(allocated.begin(), allocated.begin() + count);
+    } else if (count == 1) {
+      names.push_back(this_node_name());
+    } else {
+      for (int i = 0; i < count; ++i) names.push_back(fmt::format("n{}", i + 1));
+    }
   }
   topology::NodeAllocation allocation = topology::NodeAllocation::everything();
   if (live) {
@@ -261,7 +274,8 @@ void register_map_command(CLI::App& app, int& exit_code) {
   cmd->add_option("--nodes", options->nodes,
                   "number of nodes (default: job.nodes, else one per --topology)");
   cmd->add_option("--hosts", options->hosts,
-                  "node names as a Slurm hostlist, e.g. gpu[01-16] (default n1..nN)");
+                  "node names as a Slurm hostlist, e.g. gpu[01-16] (default: the allocation's "
+                  "nodes, or this machine's name, else n1..nN)");
   cmd->add_option(
       "--switch-tree", options->switch_tree,
       "Slurm topology.conf or `scontrol show topology` output (default: mapping.topology_conf)");

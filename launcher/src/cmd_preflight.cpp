@@ -16,7 +16,7 @@
 #include "commands.hpp"
 #include "preflight_stage.hpp"
 #include "process.hpp"
-#include "topolaunch/launcher/job_config.hpp"
+#include "topolaunch/jobspec/job_config.hpp"
 #include "topolaunch/rdma/preflight.hpp"
 #include "topolaunch/rdma/store.hpp"
 #include "topolaunch/wireup/kv_store.hpp"
@@ -39,9 +39,9 @@ int fail(const std::string& message, int code) {
 }
 
 int run_preflight_command(const PreflightOptions& o) {
-  auto config = load_job_config(o.config_path);
+  auto config = jobspec::load_job_config(o.config_path);
   if (!config) return fail(config.error().message, 2);
-  const RdmaSection& rdma_cfg = config->rdma;
+  const jobspec::RdmaSection& rdma_cfg = config->rdma;
 
   rdma::PreflightLevel level = preflight_level_of(rdma_cfg.preflight);
   if (!o.level.empty()) {
@@ -54,12 +54,12 @@ int run_preflight_command(const PreflightOptions& o) {
     return 0;
   }
   rdma::PreflightPlanInput plan = preflight_plan_input(
-      rdma_cfg, level, o.node.empty() ? host_name() : o.node, o.transport, o.sysfs);
+      rdma_cfg, level, o.node.empty() ? this_node_name() : o.node, o.transport, o.sysfs);
 
   // The job's store when a launcher or srun provides one; else this node alone.
   std::unique_ptr<wireup::KvStore> store;
   std::filesystem::path scratch;
-  const wireup::Env env = wireup::current_environment();
+  const Environment env = current_environment();
   const bool have_store = env.count("TOPOLAUNCH_STORE_ADDR") || env.count("PMIX_RANK") ||
                           env.count("TOPOLAUNCH_WIREUP");
   if (have_store) {
@@ -120,7 +120,8 @@ void register_preflight_command(CLI::App& app, int& exit_code) {
   cmd->add_option("--transport", opts->transport, "verbs (default) or ucx")
       ->check(CLI::IsMember({"verbs", "ucx"}));
   cmd->add_option("--sysfs", opts->sysfs, "sysfs root to probe (tests)");
-  cmd->add_option("--node", opts->node, "node name in messages (default: hostname)");
+  cmd->add_option("--node", opts->node,
+                  "node name in messages (default: SLURMD_NODENAME, else the hostname)");
   cmd->callback([opts, &exit_code] { exit_code = run_preflight_command(*opts); });
 }
 

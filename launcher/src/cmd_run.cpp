@@ -19,6 +19,8 @@ void register_run_command(CLI::App& app, int& exit_code) {
   cmd->add_option("--job-dir", options->job_dir_override, "replaces [job].job_dir");
   cmd->add_flag("-q,--quiet", options->quiet, "no worker output on the terminal (logs only)");
   cmd->add_flag("--json", options->print_json, "print the JSON report instead of the summary");
+  cmd->add_flag("--resume", options->resume,
+                "continue in a job dir that holds an earlier run (its files move to earlier/N)");
   cmd->add_flag("--local", options->local,
                 "inside a multi-node Slurm allocation, run on this node only");
   options->preflight = run_preflight_stage;

@@ -5,6 +5,7 @@
 //   check, run, agent: launcher owner (cmd_check.cpp, cmd_run.cpp)
 //   map:               rank mapping owner (cmd_map.cpp)
 //   preflight:         rdma owner (cmd_preflight.cpp)
+//   report:            the job's page (cmd_report.cpp, report_page.cpp)
 #pragma once
 
 namespace CLI {
@@ -18,5 +19,6 @@ void register_run_command(CLI::App& app, int& exit_code);
 void register_agent_command(CLI::App& app, int& exit_code);
 void register_map_command(CLI::App& app, int& exit_code);
 void register_preflight_command(CLI::App& app, int& exit_code);
+void register_report_command(CLI::App& app, int& exit_code);
 
 }  // namespace topolaunch::launcher

@@ -3,11 +3,13 @@
 #include "job.hpp"
 
 #include <arpa/inet.h>
+#include <fcntl.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
 #include <fmt/format.h>
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <cstdio>
@@ -15,6 +17,7 @@
 #include <cstring>
 #include <ctime>
 #include <fstream>
+#include <sstream>
 
 #include "process.hpp"
 #include "topolaunch/topology/discover.hpp"
@@ -44,9 +47,66 @@ std::string make_run_id(const std::string& name) {
   return fmt::format("{}-{}-{}", name, stamp, random_hex(2));
 }
 
-std::string this_node_name() {
-  if (const char* slurm = std::getenv("SLURMD_NODENAME"); slurm && *slurm) return slurm;
-  return host_name();
+// What an earlier run left in a job dir: its report, its rank map, its attempts' directories and
+// preflight logs (checkpoints stay: a resumed run reads them). Only a report or an attempt makes
+// it a run worth keeping: a run refused before either (bad input) leaves at most a rank map.
+std::vector<fs::path> earlier_run_files(const fs::path& dir) {
+  std::vector<fs::path> found;
+  std::error_code ec;
+  for (const auto& entry : fs::directory_iterator(dir, ec)) {
+    const std::string name = entry.path().filename().string();
+    if (name == "report.json" || name == "rankmap.json" || name.starts_with("attempt-") ||
+        (name.starts_with("preflight-") && name.ends_with(".jsonl"))) {
+      found.push_back(entry.path());
+    }
+  }
+  std::sort(found.begin(), found.end());
+  return found;
+}
+
+std::string run_id_in_report(const fs::path& report) {
+  std::ifstream in(report);
+  std::stringstream text;
+  text << in.rdbuf();
+  auto parsed = report_from_json(text.str());
+  return parsed ? parsed->run_id : "";
+}
+
+// A job dir is never overwritten (see prepare_job in job.hpp).
+Status claim_job_dir(const fs::path& dir, const std::string& run_id, bool resume) {
+  const std::vector<fs::path> earlier = earlier_run_files(dir);
+  const bool kept = std::any_of(earlier.begin(), earlier.end(), [](const fs::path& file) {
+    const std::string name = file.filename().string();
+    return name == "report.json" || name.starts_with("attempt-");
+  });
+  if (!kept) return ok_status();
+  const std::string earlier_id = run_id_in_report(dir / "report.json");
+  auto restarts = env_int("SLURM_RESTART_COUNT", 0, 0);
+  if (!restarts) return restarts.error();
+  const bool requeued = earlier_id == run_id || (earlier_id.empty() && *restarts > 0);
+  int n = 1;
+  while (fs::exists(dir / "earlier" / std::to_string(n))) ++n;
+  const fs::path shelf = dir / "earlier" / std::to_string(n);
+  if (!resume && !requeued) {
+    return make_error(fmt::format(
+        "job.job_dir: \"{}\" holds an earlier run{} ({}): give another job_dir, remove it, or pass "
+        "--resume to continue there (its files then move to {})",
+        dir.string(), earlier_id.empty() ? "" : " " + earlier_id,
+        earlier.front().filename().string(), shelf.string()));
+  }
+  std::error_code ec;
+  fs::create_directories(shelf, ec);
+  for (const fs::path& file : earlier) {
+    if (!ec) fs::rename(file, shelf / file.filename(), ec);
+  }
+  if (ec) {
+    return make_error(fmt::format("job.job_dir: cannot move the earlier run to {}: {}",
+                                  shelf.string(), ec.message()));
+  }
+  std::fprintf(stderr, "topolaunch: %s: the earlier run%s moved to %s\n",
+               resume ? "--resume" : "requeued",
+               earlier_id.empty() ? "" : (" " + earlier_id).c_str(), shelf.string().c_str());
+  return ok_status();
 }
 
 }  // namespace
@@ -62,11 +122,41 @@ double seconds_between(Clock::time_point a, Clock::time_point b) {
 }
 
 Status write_file(const fs::path& path, std::string_view text) {
-  std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  out << text;
-  out.close();
-  if (!out) return make_error(fmt::format("cannot write {}", path.string()), 1);
+  // A temporary name in the same folder, renamed over the file: a reader (or a later run) sees
+  // the old file or the new one, never a part; a full disk leaves the old one and no 0-byte file.
+  const fs::path temp =
+      path.parent_path() / fmt::format(".{}.tmp.{}", path.filename().string(), ::getpid());
+  auto failed = [&](int error) {
+    ::unlink(temp.c_str());
+    return make_error(fmt::format("cannot write {}: {}", path.string(), std::strerror(error)), 1);
+  };
+  const int fd = ::open(temp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) return failed(errno);
+  while (!text.empty()) {
+    const ssize_t n = ::write(fd, text.data(), text.size());
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      const int error = n < 0 ? errno : EIO;
+      ::close(fd);
+      return failed(error);
+    }
+    text.remove_prefix(static_cast<std::size_t>(n));
+  }
+  if (::close(fd) != 0) return failed(errno);  // NFS reports a full disk at close
+  if (::rename(temp.c_str(), path.c_str()) != 0) return failed(errno);
   return ok_status();
+}
+
+void publish_report(const Job& job, const JobReport& report, bool summary_wanted) {
+  const fs::path path = job.job_dir / "report.json";
+  const std::string json = to_json(report);
+  auto written = write_file(path, json);
+  if (!written) std::fprintf(stderr, "topolaunch: %s\n", written.error().message.c_str());
+  if (job.options.print_json) {
+    std::fputs(json.c_str(), stdout);
+  } else if (summary_wanted) {
+    std::fputs(summarize(report, written ? "" : written.error().message).c_str(), stderr);
+  }
 }
 
 // A free TCP port for the workers' own store (torch's MASTER_PORT); a different port from ours.
@@ -86,19 +176,16 @@ int free_port() {
   return port;
 }
 
-int env_int(const char* name, int fallback) {
-  const char* v = std::getenv(name);
-  return v && *v ? std::atoi(v) : fallback;
-}
-
-std::string env_string(const char* name) {
-  const char* v = std::getenv(name);
-  return v ? v : "";
+Result<int> env_count(const char* name, const char* fallback_name) {
+  auto fallback = env_int(fallback_name, 1, 1);
+  if (!fallback) return fallback.error();
+  return env_int(name, *fallback, 1);
 }
 
 // This node's input to the rank map: its topology (live, or a file where "%n" is the node name)
 // and what the job may use here.
-Result<topology::NodeInput> local_node_input(const RunOptions& options, const JobConfig& config,
+Result<topology::NodeInput> local_node_input(const RunOptions& options,
+                                             const jobspec::JobConfig& config,
                                              const std::string& node_name) {
   topology::DiscoverOptions discover_options;
   discover_options.nics = config.rdma.nics;
@@ -109,6 +196,14 @@ Result<topology::NodeInput> local_node_input(const RunOptions& options, const Jo
   auto topo = topology_path.empty() ? topology::discover_live(discover_options)
                                     : topology::load_topology_file(topology_path, discover_options);
   if (!topo) return topo.error();
+  // A NIC named that this node lacks: the preflight stage names it when it runs; without it the
+  // map would leave it out (with a warning at most) and the job would run without that NIC.
+  if (config.rdma.preflight == jobspec::PreflightMode::off) {
+    const std::string key =
+        fmt::format("{}: rdma.nics = \"{}\"", config.path, config.rdma.nics_text);
+    if (auto named = topology::check_named_nics(config.rdma.nics, *topo, node_name, key); !named)
+      return named.error();
+  }
   topology::NodeInput node;
   node.name = node_name;
   node.topology = std::make_shared<const topology::NodeTopology>(std::move(*topo));
@@ -125,7 +220,7 @@ Result<Job> prepare_job(const RunOptions& options, const std::string& run_id) {
   Job job;
   job.job_start = Clock::now();
   job.options = options;
-  auto config = load_job_config(options.config_path);
+  auto config = jobspec::load_job_config(options.config_path);
   if (!config) return config.error();
   job.config = std::move(*config);
   if (!options.command_override.empty()) job.config.worker.command = options.command_override;
@@ -133,6 +228,7 @@ Result<Job> prepare_job(const RunOptions& options, const std::string& run_id) {
   if (!program) return program.error();
   job.program = *program;
   job.argv = job.config.worker.command;
+  job.builtin_worker = fs::path(job.program).filename() == "topolaunch-worker";
   job.node_name = this_node_name();
   job.cpus_here = allowed_cpus_here();
 
@@ -151,6 +247,11 @@ Result<Job> prepare_job(const RunOptions& options, const std::string& run_id) {
         fmt::format("job.job_dir: \"{}\" is not writable ({})", dir, std::strerror(errno)));
   }
   job.job_dir = fs::absolute(dir);
+  if (run_id.empty()) {
+    if (auto claimed = claim_job_dir(job.job_dir, job.run_id, options.resume); !claimed) {
+      return claimed.error();
+    }
+  }
   job.checkpoint_dir = job.config.job.checkpoint_dir.empty()
                            ? job.job_dir / "checkpoints"
                            : fs::absolute(job.config.job.checkpoint_dir);
@@ -161,7 +262,7 @@ Result<Job> prepare_job(const RunOptions& options, const std::string& run_id) {
   }
   job.rankmap_file = job.job_dir / "rankmap.json";
   job.secret = random_hex(32);
-  job.inherited = wireup::current_environment();
+  job.inherited = current_environment();
   job.terminal = ::isatty(2) == 1;
   return job;
 }
@@ -195,6 +296,13 @@ Result<Job> prepare(const RunOptions& options) {
   return job;
 }
 
+void contain(Job& job, const std::string& who) {
+  std::shared_ptr<const Containment> containment = Containment::open(job.run_id);
+  if (containment->kind() == ContainmentKind::process_tree || containment->watchdog_pid() < 0)
+    std::fprintf(stderr, "%s: %s\n", who.c_str(), containment->description().c_str());
+  job.containment = std::move(containment);
+}
+
 // NVML once per job. When it is absent and there is GPU memory to watch (a GPU budget, or ranks
 // with GPUs here), the log says so once: not an error, the job runs without the GPU watch.
 void open_gpu_watch(Job& job) {
@@ -213,6 +321,21 @@ void open_gpu_watch(Job& job) {
   }
 }
 
+Status start_metrics_server(Job& job) {
+  const jobspec::ObserveSection& o = job.config.observe;
+  if (o.metrics_port == 0) return ok_status();
+  auto server = MetricsServer::start(o.metrics_port);
+  if (!server)
+    return make_error(fmt::format("{}: observe.metrics_port: {} on {}; choose another (or 0: off)",
+                                  o.metrics_port_at.empty() ? job.config.path : o.metrics_port_at,
+                                  server.error().message, job.node_name),
+                      2);
+  job.metrics = std::shared_ptr<MetricsServer>(std::move(*server));
+  std::fprintf(stderr, "topolaunch: %s: metrics: http://%s:%d/metrics (Prometheus text format)\n",
+               job.node_name.c_str(), job.node_name.c_str(), o.metrics_port);
+  return ok_status();
+}
+
 // The [rdma] preflight stage of this node (attempt 0 only): prints its one line (nothing when
 // the config turns it off) and keeps the stages' JSON lines in <job_dir>/preflight-<node>.jsonl.
 PreflightStageOutcome preflight_stage(const Job& job, wireup::KvStore* store) {
@@ -226,7 +349,7 @@ PreflightStageOutcome preflight_stage(const Job& job, wireup::KvStore* store) {
   PreflightStageOutcome outcome =
       job.options.preflight(job.config, job.node_name, store, scratch.string());
   if (store == nullptr) fs::remove_all(scratch, ec);
-  if (job.config.rdma.preflight != PreflightMode::off) {
+  if (job.config.rdma.preflight != jobspec::PreflightMode::off) {
     std::fprintf(stderr, "topolaunch: %s\n", outcome.line.c_str());
   }
   if (!outcome.jsonl.empty()) {

@@ -10,9 +10,12 @@
 #include <string_view>
 #include <vector>
 
+#include "containment.hpp"
+#include "metrics_server.hpp"
+#include "topolaunch/common/env.hpp"
 #include "topolaunch/common/result.hpp"
+#include "topolaunch/jobspec/job_config.hpp"
 #include "topolaunch/launcher/agent.hpp"
-#include "topolaunch/launcher/job_config.hpp"
 #include "topolaunch/launcher/memory_watch.hpp"
 #include "topolaunch/launcher/report.hpp"
 #include "topolaunch/launcher/worker_env.hpp"
@@ -26,7 +29,7 @@ namespace fs = std::filesystem;
 using Clock = std::chrono::steady_clock;
 
 struct Job {
-  JobConfig config;
+  jobspec::JobConfig config;
   RunOptions options;
   topology::RankMap map;
   std::string node_name;
@@ -41,21 +44,36 @@ struct Job {
   std::string secret;
   std::string program;
   std::vector<std::string> argv;
+  // The program is topolaunch-worker, which beats before its first step: its heartbeat watch is
+  // armed from the start (any other program's at its first beat).
+  bool builtin_worker = false;
   topology::CpuSet cpus_here;
   Environment inherited;
   Clock::time_point job_start;
   bool terminal = false;
   std::shared_ptr<NvmlMemoryWatch> gpu_watch;  // null: GPU memory is not watched
+  // What holds the workers and everything they start (containment.hpp); null: nothing beyond
+  // process groups (tests that run an attempt alone).
+  std::shared_ptr<const Containment> containment;
+  std::shared_ptr<MetricsServer> metrics;      // [observe] metrics_port; null: off
 };
+
+// The root cause's phase when an MPI program was started without an MPI launcher (its MPI_Init
+// refused by the singleton guard): bad input, not restarted.
+inline constexpr const char* kMpiWithoutLauncherPhase = "mpi-without-launcher";
 
 // Reads the config, resolves the program, creates the job and checkpoint dirs, and draws the
 // run id (when run_id is "": <name>-<SLURM_JOB_ID>, or <name>-<UTC time>-<random>) and the
-// per-job secret.
+// per-job secret. When run_id is "" (`run`, not an agent) the job dir is claimed: one that holds
+// an earlier run (its report.json or an attempt-N/) is refused (exit 2) unless options.resume or
+// the earlier run has the same run id (Slurm requeued this job); then the earlier run's files
+// move to <job_dir>/earlier/<n>/.
 Result<Job> prepare_job(const RunOptions& options, const std::string& run_id);
 
 // This node's NodeInput for the rank map: options.topology_path ("%n" = node_name) or the live
 // topology, and this process's allocation.
-Result<topology::NodeInput> local_node_input(const RunOptions& options, const JobConfig& config,
+Result<topology::NodeInput> local_node_input(const RunOptions& options,
+                                             const jobspec::JobConfig& config,
                                              const std::string& node_name);
 
 // Computes job.map from every node's input and finds this node in it; the map file is written
@@ -65,8 +83,20 @@ Status set_map(Job& job, const std::vector<topology::NodeInput>& nodes, bool wri
 // prepare_job, then the map of this node alone (standalone `run`, and `run --local`).
 Result<Job> prepare(const RunOptions& options);
 
+// Opens job.containment (before any thread starts: it forks the watchdog) and prints its line
+// when it cannot hold every process of the job; `who`: the prefix of that line.
+void contain(Job& job, const std::string& who);
+
 // NVML once per job; without it the job runs unwatched, and the log says so once.
 void open_gpu_watch(Job& job);
+
+// [observe] metrics_port: this node's endpoint, before any worker starts. A port that is not
+// free is bad input naming where metrics_port was written (exit 2).
+Status start_metrics_server(Job& job);
+
+// At the job's end, before report.json is written: the cost (report.cost) and the traced steps'
+// ranks merged into <job_dir>/trace.json (report.trace says where, and the clocks' skew).
+void finish_observation(const Job& job, JobReport& report);
 
 // The [rdma] preflight stage of this node (attempt 0 only); store: the agents' store, null for
 // this node alone.
@@ -75,9 +105,15 @@ RootCause preflight_root_cause(const Job& job, int attempt, const PreflightStage
 
 double unix_now_s();
 double seconds_between(Clock::time_point a, Clock::time_point b);
+// Writes `text` whole or not at all (a temporary file renamed over `path`); an error names the
+// file and errno's text ("cannot write .../report.json: No space left on device").
 Status write_file(const fs::path& path, std::string_view text);
+// Writes <job_dir>/report.json; prints the report on stdout with --json, else the summary when
+// summary_wanted. A report that cannot be written is said in one line, and the summary then
+// says so instead of pointing to it.
+void publish_report(const Job& job, const JobReport& report, bool summary_wanted);
 int free_port();
-int env_int(const char* name, int fallback);
-std::string env_string(const char* name);
+// A Slurm count: `name`, else `fallback_name`, else 1; a malformed one is an error naming it.
+Result<int> env_count(const char* name, const char* fallback_name);
 
 }  // namespace topolaunch::launcher

@@ -16,6 +16,7 @@ int main(int argc, char** argv) {
   topolaunch::launcher::register_agent_command(app, exit_code);
   topolaunch::launcher::register_map_command(app, exit_code);
   topolaunch::launcher::register_preflight_command(app, exit_code);
+  topolaunch::launcher::register_report_command(app, exit_code);
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {

@@ -155,6 +155,15 @@ struct NvmlProcessInfoV2 {  // _v2 and _v3 (nvmlProcessInfo_t)
   unsigned int gpuInstanceId;
   unsigned int computeInstanceId;
 };
+struct NvmlPciInfo {  // nvmlPciInfo_t (v3), as topology/src/discover_nvml.cpp declares it
+  char busIdLegacy[16];
+  unsigned int domain;
+  unsigned int bus;
+  unsigned int device;
+  unsigned int pciDeviceId;
+  unsigned int pciSubSystemId;
+  char busId[32];
+};
 }  // namespace
 
 struct NvmlMemoryWatch::Api {
@@ -164,6 +173,8 @@ struct NvmlMemoryWatch::Api {
   nvmlReturn (*handle_by_index)(unsigned int, nvmlDevice*) = nullptr;
   nvmlReturn (*processes_v2)(nvmlDevice, unsigned int*, NvmlProcessInfoV2*) = nullptr;  // v3/v2
   nvmlReturn (*processes_v1)(nvmlDevice, unsigned int*, NvmlProcessInfoV1*) = nullptr;
+  nvmlReturn (*energy)(nvmlDevice, unsigned long long*) = nullptr;  // optional
+  nvmlReturn (*pci_info)(nvmlDevice, NvmlPciInfo*) = nullptr;       // optional
   bool initialised = false;
 };
 
@@ -189,6 +200,9 @@ Result<std::unique_ptr<NvmlMemoryWatch>> NvmlMemoryWatch::open(const std::string
     api.processes_v1 = reinterpret_cast<decltype(api.processes_v1)>(
         symbol("nvmlDeviceGetComputeRunningProcesses"));
   }
+  api.energy =
+      reinterpret_cast<decltype(api.energy)>(symbol("nvmlDeviceGetTotalEnergyConsumption"));
+  api.pci_info = reinterpret_cast<decltype(api.pci_info)>(symbol("nvmlDeviceGetPciInfo_v3"));
   if (!api.init || !api.shutdown || !api.count || !api.handle_by_index ||
       (!api.processes_v2 && !api.processes_v1)) {
     return make_error(fmt::format("{} lacks the NVML functions needed (nvmlInit_v2, "
@@ -211,6 +225,13 @@ Result<std::unique_ptr<NvmlMemoryWatch>> NvmlMemoryWatch::open(const std::string
           fmt::format("nvmlDeviceGetHandleByIndex_v2({}) failed (NVML error {})", i, rc), 1);
     }
     watch->devices_.push_back(device);
+    NvmlPciInfo pci{};
+    if (api.pci_info && api.pci_info(device, &pci) == kNvmlSuccess)
+      watch->addresses_.push_back(topology::PciAddress{pci.domain,
+                                                       static_cast<std::uint8_t>(pci.bus),
+                                                       static_cast<std::uint8_t>(pci.device), 0});
+    else
+      watch->addresses_.push_back(std::nullopt);
   }
   return watch;
 }
@@ -253,6 +274,22 @@ void append_usage(const std::vector<Info>& infos, int device, std::vector<GpuPro
 }
 
 }  // namespace
+
+std::optional<std::uint64_t> NvmlMemoryWatch::energy_mj(int device) {
+  if (!api_->energy || device < 0 || device >= device_count()) return std::nullopt;
+  unsigned long long mj = 0;
+  if (api_->energy(devices_[static_cast<std::size_t>(device)], &mj) != kNvmlSuccess)
+    return std::nullopt;
+  return static_cast<std::uint64_t>(mj);
+}
+
+int NvmlMemoryWatch::device_at(const topology::PciAddress& address) const {
+  for (std::size_t i = 0; i < addresses_.size(); ++i)
+    if (addresses_[i] && addresses_[i]->domain == address.domain &&
+        addresses_[i]->bus == address.bus && addresses_[i]->device == address.device)
+      return static_cast<int>(i);
+  return -1;
+}
 
 Result<std::vector<GpuProcessMemory>> NvmlMemoryWatch::usage() {
   std::vector<GpuProcessMemory> out;

@@ -10,20 +10,21 @@
 
 namespace topolaunch::launcher {
 
-rdma::PreflightLevel preflight_level_of(PreflightMode mode) {
+rdma::PreflightLevel preflight_level_of(jobspec::PreflightMode mode) {
   switch (mode) {
-    case PreflightMode::full:
+    case jobspec::PreflightMode::full:
       return rdma::PreflightLevel::full;
-    case PreflightMode::quick:
+    case jobspec::PreflightMode::quick:
       return rdma::PreflightLevel::quick;
-    case PreflightMode::off:
+    case jobspec::PreflightMode::off:
       break;
   }
   return rdma::PreflightLevel::off;
 }
 
-rdma::PreflightPlanInput preflight_plan_input(const RdmaSection& rdma, rdma::PreflightLevel level,
-                                              const std::string& node, const std::string& transport,
+rdma::PreflightPlanInput preflight_plan_input(const jobspec::RdmaSection& rdma,
+                                              rdma::PreflightLevel level, const std::string& node,
+                                              const std::string& transport,
                                               const std::string& sysfs_root) {
   rdma::PreflightPlanInput plan;
   plan.level = level;
@@ -31,14 +32,14 @@ rdma::PreflightPlanInput preflight_plan_input(const RdmaSection& rdma, rdma::Pre
   plan.transport = transport;
   plan.sysfs_root = sysfs_root;
   plan.nics = rdma.nics.include;
-  plan.require_gpudirect = rdma.gpudirect == GpuDirectPolicy::require;
+  plan.require_gpudirect = rdma.gpudirect == jobspec::GpuDirectPolicy::require;
   plan.min_bandwidth_gbps = rdma.min_bandwidth_gbps;
   plan.max_latency_us = static_cast<double>(rdma.max_latency.count());
   plan.stage_timeout = rdma.preflight_timeout;
   return plan;
 }
 
-PreflightStageOutcome run_preflight_stage(const JobConfig& config, const std::string& node,
+PreflightStageOutcome run_preflight_stage(const jobspec::JobConfig& config, const std::string& node,
                                           wireup::KvStore* shared_store,
                                           const std::string& scratch_dir) {
   PreflightStageOutcome out;

@@ -14,6 +14,7 @@
 #include <fmt/format.h>
 #include <cerrno>
 #include <csignal>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 
@@ -45,6 +46,11 @@ std::string host_name() {
   char host[256] = {};
   ::gethostname(host, sizeof(host) - 1);
   return host;
+}
+
+std::string this_node_name() {
+  if (const char* slurm = std::getenv("SLURMD_NODENAME"); slurm && *slurm) return slurm;
+  return host_name();
 }
 
 topology::CpuSet allowed_cpus_here() {
@@ -131,6 +137,8 @@ Result<SpawnedProcess> spawn_worker(const SpawnRequest& request) {
       ::_exit(127);
     };
     ::setpgid(0, 0);
+    // Into the job's cgroup before anything runs, so that all it starts is the job's.
+    if (request.cgroup_procs_fd >= 0 && ::write(request.cgroup_procs_fd, "0", 1) != 1) fail(5);
     // Die with the agent, even when it is SIGKILLed; and close the race with its death.
     ::prctl(PR_SET_PDEATHSIG, SIGKILL);
     if (::getppid() != parent) ::_exit(128 + SIGKILL);
@@ -162,10 +170,11 @@ Result<SpawnedProcess> spawn_worker(const SpawnRequest& request) {
   if (n == static_cast<ssize_t>(sizeof(payload))) {
     int status = 0;
     ::waitpid(pid, &status, 0);
-    static constexpr const char* steps[] = {"", "redirecting output", "binding CPUs",
-                                            "setting the NUMA memory policy", "exec"};
+    static constexpr const char* steps[] = {
+        "",     "redirecting output",      "binding CPUs", "setting the NUMA memory policy",
+        "exec", "joining the job's cgroup"};
     return make_error(fmt::format("cannot start \"{}\": {} failed: {}", request.program,
-                                  steps[payload[0] >= 1 && payload[0] <= 4 ? payload[0] : 0],
+                                  steps[payload[0] >= 1 && payload[0] <= 5 ? payload[0] : 0],
                                   std::strerror(payload[1])),
                       1);
   }

@@ -61,8 +61,9 @@ struct SpawnRequest {
   std::string program;  // resolved path
   std::vector<std::string> argv;
   std::map<std::string, std::string> env;
-  topology::CpuSet cpus;  // empty = do not bind
-  int numa_node = -1;     // -1 = no memory policy
+  topology::CpuSet cpus;     // empty = do not bind
+  int numa_node = -1;        // -1 = no memory policy
+  int cgroup_procs_fd = -1;  // the job's cgroup.procs: the child moves itself there (-1 = none)
 };
 
 struct SpawnedProcess {
@@ -79,6 +80,9 @@ Result<std::string> resolve_program(const std::string& name);
 
 // This machine's name (gethostname).
 std::string host_name();
+// SLURMD_NODENAME, else host_name(): the node's one name in the map, the report, the logs and
+// `topolaunch map` / `preflight`.
+std::string this_node_name();
 
 // PUs this process may run on (sched_getaffinity), and NUMA nodes with memory on this machine.
 topology::CpuSet allowed_cpus_here();

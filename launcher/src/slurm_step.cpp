@@ -26,6 +26,7 @@
 #include "attempt.hpp"
 #include "process.hpp"
 #include "report_merge.hpp"
+#include "topolaunch/jobspec/worker_contract.hpp"
 #include "topolaunch/launcher/agent_wireup.hpp"
 #include "topolaunch/launcher/report.hpp"
 #include "topolaunch/wireup/kv_store.hpp"
@@ -37,7 +38,7 @@ namespace {
 // The address other nodes reach this one at: $TOPOLAUNCH_STORE_HOST, else the hostname's first
 // IPv4 address, else loopback.
 std::string advertised_host() {
-  if (std::string host = env_string("TOPOLAUNCH_STORE_HOST"); !host.empty()) return host;
+  if (auto host = env_value("TOPOLAUNCH_STORE_HOST")) return *host;
   const std::string name = host_name();
   addrinfo hints{};
   hints.ai_family = AF_INET;
@@ -52,12 +53,15 @@ std::string advertised_host() {
   return out;
 }
 
-// Starts srun with the handled signals unblocked, in its own process group, output inherited.
-pid_t spawn_srun(const std::vector<std::string>& argv, const Environment& env) {
+// Starts srun with the handled signals unblocked, in its own process group, output inherited
+// (stdout onto stderr when `run --json` keeps stdout for the report).
+pid_t spawn_srun(const std::vector<std::string>& argv, const Environment& env,
+                 bool stdout_to_stderr) {
   ExecStrings exec(argv, env);
   pid_t pid = ::fork();
   if (pid == 0) {
     ::setpgid(0, 0);
+    if (stdout_to_stderr) ::dup2(2, 1);
     ::prctl(PR_SET_PDEATHSIG, SIGTERM);
     sigset_t none;
     sigemptyset(&none);
@@ -92,7 +96,7 @@ int run_slurm(Job& job, int nodes, int signal_fd) {
   const std::string host = advertised_host();
   // The agents' step gets the --mpi= plugin that matches [wireup].backend (agent_wireup.hpp).
   std::vector<std::string> offered;
-  if (job.config.wireup.backend != WireupBackend::tcp) offered = srun_mpi_plugins();
+  if (job.config.wireup.backend != jobspec::WireupBackend::tcp) offered = srun_mpi_plugins();
   auto mpi = srun_mpi_for(job.config.wireup.backend, offered, wireup::compiled_backends());
   if (!mpi) {
     std::fprintf(stderr, "topolaunch: %s\n", mpi.error().message.c_str());
@@ -125,7 +129,7 @@ int run_slurm(Job& job, int nodes, int signal_fd) {
       env.erase("TOPOLAUNCH_AGENT_STORE");
     }
     env["TOPOLAUNCH_WORKER_STORE"] = fmt::format("{}:{}", host, (*workers_store)->port());
-    env["TOPOLAUNCH_STORE_SECRET"] = job.secret;
+    env[jobspec::env::kStoreSecret] = job.secret;
     env["TOPOLAUNCH_MASTER_PORT"] = std::to_string(free_port());
     std::vector<std::string> argv{"srun",
                                   "--ntasks-per-node=1",
@@ -149,12 +153,38 @@ int run_slurm(Job& job, int nodes, int signal_fd) {
     argv.push_back("--");
     argv.push_back(job.program);
     argv.insert(argv.end(), job.argv.begin() + 1, job.argv.end());
-    pid_t srun = spawn_srun(argv, env);
+    pid_t srun = spawn_srun(argv, env, job.options.print_json);
     int status = 0, stop_signal = 0;
     std::string requested;  // "", "requeue", "stopped"
+    // A node lost with its slurmd and slurmstepd never reports, and srun waits for its task
+    // until Slurm declares the node down (SlurmdTimeout, 300 s by default). Once some agents
+    // have reported and no other has for stop_grace + 10 s, srun is stopped: the step is over.
+    const fs::path attempt_dir = job.job_dir / fmt::format("attempt-{}", attempt);
+    const auto lost_after = job.config.job.stop_grace + std::chrono::seconds(10);
+    int reports = 0;
+    auto last_count = Clock::now();
+    std::optional<Clock::time_point> reports_since;
+    double waited_for_silent_s = 0;
     while (true) {
       pollfd pfd{signal_fd, POLLIN, 0};
       ::poll(&pfd, 1, 200);
+      if (const auto now = Clock::now(); now - last_count >= std::chrono::seconds(1)) {
+        last_count = now;
+        int n = 0;
+        std::error_code ec;
+        for (int node = 0; node < nodes; ++node)
+          n += fs::exists(attempt_dir / fmt::format("node-{}.json", node), ec) ? 1 : 0;
+        if (n != reports || n == 0 || n == nodes) reports_since = now;
+        reports = n;
+        if (waited_for_silent_s == 0 && now - *reports_since > lost_after) {
+          waited_for_silent_s = seconds_between(*reports_since, now);
+          std::fprintf(stderr,
+                       "topolaunch: %d of %d agents reported %.0f s ago, the others never did: "
+                       "stopping srun\n",
+                       reports, nodes, waited_for_silent_s);
+          ::kill(-srun, SIGKILL);
+        }
+      }
       signalfd_siginfo info;
       while (::read(signal_fd, &info, sizeof(info)) == sizeof(info)) {
         int sig = static_cast<int>(info.ssi_signo);
@@ -184,15 +214,30 @@ int run_slurm(Job& job, int nodes, int signal_fd) {
     merged.started_s = seconds_between(job.job_start, attempt_start);
     merged.wall_s = wall_s;
     std::optional<RootCause>& cause = step.root_cause;
-    const std::string& agent_outcome = step.agent_outcome;
     const int preflight_exit = step.preflight_exit;
     const bool srun_ok = WIFEXITED(status) && WEXITSTATUS(status) == 0;
-    merged.outcome = !requested.empty()       ? requested
-                     : srun_ok                ? "succeeded"
-                     : cause                  ? "failed"
-                     : !agent_outcome.empty() ? agent_outcome
-                                              : "failed";
+    merged.outcome = step_outcome(requested, srun_ok, step);
     if (merged.outcome == "stopped" && stop_signal == 0) stop_signal = SIGTERM;
+    bool node_lost = false;
+    if (!srun_ok && requested.empty()) {
+      // An agent that died without a report (killed, or its node lost) is the cause of what
+      // the others report (their ranks' peers died, the step's teardown).
+      std::ifstream map_file(job.job_dir / "rankmap.json");
+      std::stringstream map_text;
+      map_text << map_file.rdbuf();
+      const std::string srun_end =
+          waited_for_silent_s > 0
+              ? fmt::format("stopped, still waiting for it {:.0f} s after the others' reports",
+                            waited_for_silent_s)
+              : describe_wait_status(WIFEXITED(status) ? WEXITSTATUS(status) : -1,
+                                     WIFSIGNALED(status) ? WTERMSIG(status) : 0);
+      if (auto lost = silent_agents_cause(step, static_cast<std::size_t>(nodes), map_text.str(),
+                                          srun_end, waited_for_silent_s > 0)) {
+        cause = lost;
+        merged.outcome = "failed";
+        node_lost = waited_for_silent_s > 0;
+      }
+    }
     if (merged.outcome == "failed" && !cause) {
       cause =
           RootCause{attempt,
@@ -207,13 +252,23 @@ int run_slurm(Job& job, int nodes, int signal_fd) {
     if (cause && !report.root_cause) report.root_cause = cause;
     report.attempts.push_back(merged);
     report.restarts_used = attempt;
+    if (cause && cause->phase == kMpiWithoutLauncherPhase && requested.empty()) {
+      // An MPI program without an MPI launcher fails the same way every time: bad input.
+      report.status = "failed";
+      exit_code = jobspec::exit_status::kBadInput;
+      break;
+    }
     if (preflight_exit != 0 && requested.empty()) {
       // Nothing ran: a restart would meet the same fabric (or the same missing NIC).
       report.status = "failed";
       exit_code = preflight_exit;
       break;
     }
-    if (merged.outcome == "failed" && attempt < job.config.job.restarts) {
+    if (node_lost && attempt < job.config.job.restarts) {
+      // The allocation still holds the lost node: a new step would wait for it again.
+      std::fprintf(stderr, "topolaunch: attempt %d failed (%s); not restarted: a node is lost\n",
+                   attempt, cause->what.c_str());
+    } else if (merged.outcome == "failed" && attempt < job.config.job.restarts) {
       std::fprintf(stderr, "topolaunch: attempt %d failed (%s); restarting (%d of %d)\n", attempt,
                    cause ? cause->what.c_str() : "?", attempt + 1, job.config.job.restarts);
       continue;
@@ -224,12 +279,10 @@ int run_slurm(Job& job, int nodes, int signal_fd) {
   }
   report.exit_code = exit_code;
   report.wall_s = seconds_between(job.job_start, Clock::now());
-  (void)write_file(job.job_dir / "report.json", to_json(report));
-  if (job.options.print_json) {
-    std::fputs(to_json(report).c_str(), stdout);
-  } else if (!job.options.quiet || exit_code != 0) {
-    std::fputs(summarize(report).c_str(), stderr);
-  }
+  report.training = read_training_figures(job.config.train.metrics_file,
+                                          (job.job_dir / "validation.jsonl").string());
+  finish_observation(job, report);
+  publish_report(job, report, !job.options.quiet || exit_code != 0);
   return exit_code;
 }
 
@@ -242,16 +295,22 @@ int run_agent(const AgentOptions& options) {
     return prepared.error().exit_code;
   }
   Job& job = *prepared;
-  const int node_id = env_int("SLURM_NODEID", 0);
-  const int nodes = env_int("SLURM_STEP_NUM_NODES", env_int("SLURM_NNODES", 1));
-  job.secret = env_string("TOPOLAUNCH_STORE_SECRET");
-  job.external_store_address = env_string("TOPOLAUNCH_WORKER_STORE");
-  job.master_addr = job.external_store_address.substr(0, job.external_store_address.rfind(':'));
-  job.master_port = env_int("TOPOLAUNCH_MASTER_PORT", 0);
   auto fail = [&](const std::string& message) {
     std::fprintf(stderr, "topolaunch agent %s: %s\n", job.node_name.c_str(), message.c_str());
     return 2;
   };
+  contain(job, "topolaunch agent " + job.node_name);
+  const auto node_id = env_int("SLURM_NODEID", 0);
+  if (!node_id) return fail(node_id.error().message);
+  const auto step_nodes = env_count("SLURM_STEP_NUM_NODES", "SLURM_NNODES");
+  if (!step_nodes) return fail(step_nodes.error().message);
+  const int nodes = *step_nodes;
+  const auto master_port = env_int("TOPOLAUNCH_MASTER_PORT", 0, 0, 65535);
+  if (!master_port) return fail(master_port.error().message);
+  job.secret = env_value(jobspec::env::kStoreSecret).value_or("");
+  job.external_store_address = env_value("TOPOLAUNCH_WORKER_STORE").value_or("");
+  job.master_addr = job.external_store_address.substr(0, job.external_store_address.rfind(':'));
+  job.master_port = *master_port;
   if (job.secret.empty() || job.external_store_address.empty()) {
     return fail(
         "started without TOPOLAUNCH_STORE_SECRET/TOPOLAUNCH_WORKER_STORE (use topolaunch run)");
@@ -259,25 +318,27 @@ int run_agent(const AgentOptions& options) {
   auto node = local_node_input(options.run, job.config, job.node_name);
   if (!node) return fail(node.error().message);
   // The agents' exchange goes through the [wireup].backend store (agent_wireup.hpp).
-  auto backend = agent_backend(job.config.wireup.backend, wireup::current_environment(),
-                               wireup::compiled_backends());
+  auto backend =
+      agent_backend(job.config.wireup.backend, current_environment(), wireup::compiled_backends());
   if (!backend) return fail(backend.error().message);
   std::unique_ptr<wireup::KvStore> store;
   AgentTreeStore agents_tree;  // TCP: the agents' store through a relay tree (agent_wireup.hpp)
   if (*backend == wireup::Backend::tcp) {
-    auto tree = connect_agents_tree(env_string("TOPOLAUNCH_AGENT_STORE"), job.secret, node_id,
-                                    nodes, advertised_host(), job.config.wireup.timeout);
+    auto tree = connect_agents_tree(env_value("TOPOLAUNCH_AGENT_STORE").value_or(""), job.secret,
+                                    *node_id, nodes, advertised_host(), job.config.wireup.timeout);
     if (!tree) return fail(tree.error().message);
     agents_tree = std::move(*tree);
     store = std::move(agents_tree.store);
   } else {
-    wireup::Env env = wireup::current_environment();
-    env["TOPOLAUNCH_WIREUP"] = std::string(backend_name(*backend));
+    Environment env = current_environment();
+    env[jobspec::env::kWireup] = std::string(backend_name(*backend));
     auto connected = wireup::connect_from_env(env, job.config.wireup.timeout);
     if (!connected) return fail(fmt::format("wireup.backend: {}", connected.error().message));
     store = std::move(*connected);
     // The PMI2 socket is the agent's own: workers must not inherit it.
-    if (int pmi_fd = env_int("PMI_FD", -1); pmi_fd >= 0) ::fcntl(pmi_fd, F_SETFD, FD_CLOEXEC);
+    if (auto pmi_fd = env_int("PMI_FD", -1, -1); pmi_fd && *pmi_fd >= 0) {
+      ::fcntl(*pmi_fd, F_SETFD, FD_CLOEXEC);
+    }
   }
   if (store->size() != nodes) {
     return fail(fmt::format("wireup {}: {} agents in the store, {} nodes in the step",
@@ -327,6 +388,7 @@ int run_agent(const AgentOptions& options) {
       return preflight.exit_code;
     }
   }
+  if (auto s = start_metrics_server(job); !s) return fail(s.error().message);
   open_gpu_watch(job);
 
   std::optional<RootCause> cause;
@@ -337,8 +399,13 @@ int run_agent(const AgentOptions& options) {
   fragment.exit_code = exit_code_of(result->outcome, stop_signal);
   fragment.root_cause = cause;
   fragment.attempts.push_back(*result);
-  (void)write_file(fragment_path, to_json(fragment));
-  return fragment.exit_code;
+  if (auto written = write_file(fragment_path, to_json(fragment)); !written) {
+    // `run` then has no report of this node: a requeue must not pass for success
+    std::fprintf(stderr, "topolaunch agent %s: %s\n", job.node_name.c_str(),
+                 written.error().message.c_str());
+    return fragment.exit_code != 0 ? fragment.exit_code : 1;
+  }
+  return agent_exit_status(result->outcome, stop_signal);
 }
 
 }  // namespace topolaunch::launcher

@@ -2,9 +2,12 @@
 // the operation so its messages can never match another operation's):
 //   barrier:    dissemination (log2 n rounds of send right-by-2^k, receive left-by-2^k)
 //   broadcast:  a chain from the root, cut into chunk_bytes pieces so the chain pipelines
-//   all-reduce: ring reduce-scatter then ring all-gather (each rank sends 2(n-1)/n of the
-//               buffer: bus bandwidth = algorithm bandwidth * 2(n-1)/n); segments are moved in
-//               chunk_bytes pieces, received into one scratch piece and added in place
+//   reduce-scatter: a ring pass that leaves rank r the sum of segment r (each rank sends
+//               (n-1)/n of the buffer); segments are moved in chunk_bytes pieces, received into
+//               one scratch piece and added in place
+//   all-gather: a ring pass of the segments, received straight into place
+//   all-reduce: the two in turn (each rank sends 2(n-1)/n of the buffer: bus bandwidth =
+//               algorithm bandwidth * 2(n-1)/n)
 #include "topolaunch/rdma/collectives.hpp"
 
 #include <fmt/format.h>
@@ -41,55 +44,71 @@ struct HostCommunicator::Impl {
     return mesh->wait_all(std::move(pending), options.timeout);
   }
 
-  template <class Element, class Add>
-  Status ring_allreduce(Element* data, std::size_t count, Add add) {
+  // Segment s of `count` elements: [count*s/n, count*(s+1)/n) (kernels/cpu/communicator.hpp
+  // cuts buffers the same way). Rank r owns segment r.
+  std::size_t seg_begin(std::size_t count, int s) const {
+    return count * static_cast<std::size_t>(s) / static_cast<std::size_t>(world());
+  }
+  int seg(int s) const { return ((s % world()) + world()) % world(); }
+
+  // One ring pass of n - 1 steps; at step s rank r sends segment send_of(s) to the right and
+  // receives segment recv_of(s) from the left, in pieces of chunk_bytes, each received piece
+  // added into place (`add`) or received straight into place (all-gather).
+  template <class Element, class Add, class SendOf, class RecvOf>
+  Status ring_pass(Element* data, std::size_t count, SendOf send_of, RecvOf recv_of, bool reduce,
+                   Add add) {
     const int n = world();
     ++seq;
     if (n == 1 || count == 0) return ok_status();
     const int right = (rank() + 1) % n;
     const int left = (rank() + n - 1) % n;
-    auto seg_begin = [&](int s) { return count * static_cast<std::size_t>(s) / n; };
-    auto seg_count = [&](int s) { return seg_begin(s + 1) - seg_begin(s); };
+    auto seg_count = [&](int s) { return seg_begin(count, s + 1) - seg_begin(count, s); };
     const std::size_t piece = std::max<std::size_t>(1, options.chunk_bytes / sizeof(Element));
-    scratch.resize(std::min(piece, count) * sizeof(Element));
+    if (reduce) scratch.resize(std::min(piece, count) * sizeof(Element));
     Element* tmp = reinterpret_cast<Element*>(scratch.data());
     // Every rank uses the same piece count per ring step, so step numbers (tags) agree.
     const std::size_t pieces = (seg_count(n - 1) + piece - 1) / piece;  // the largest segment
     std::uint32_t step = 0;
-
-    // Reduce-scatter: after step s, segment (rank - s - 1) holds the sum of s + 2 ranks.
     for (int s = 0; s < n - 1; ++s) {
-      const int send_seg = (rank() - s + n) % n;
-      const int recv_seg = (rank() - s - 1 + 2 * n) % n;
+      const int send_seg = send_of(s), recv_seg = recv_of(s);
       for (std::size_t p = 0; p < pieces; ++p, ++step) {
         const std::size_t so = std::min(seg_count(send_seg), p * piece);
         const std::size_t sn = std::min(piece, seg_count(send_seg) - so);
         const std::size_t ro = std::min(seg_count(recv_seg), p * piece);
         const std::size_t rn = std::min(piece, seg_count(recv_seg) - ro);
-        if (auto st = exchange(right, data + seg_begin(send_seg) + so, sn * sizeof(Element), left,
-                               tmp, rn * sizeof(Element), step);
+        Element* dst = data + seg_begin(count, recv_seg) + ro;
+        if (auto st = exchange(right, data + seg_begin(count, send_seg) + so, sn * sizeof(Element),
+                               left, reduce ? tmp : dst, rn * sizeof(Element), step);
             !st)
           return st;
-        Element* dst = data + seg_begin(recv_seg) + ro;
-        for (std::size_t i = 0; i < rn; ++i) dst[i] = add(dst[i], tmp[i]);
-      }
-    }
-    // All-gather: rank r owns the full sum of segment (r + 1) mod n; pass the sums around.
-    for (int s = 0; s < n - 1; ++s) {
-      const int send_seg = (rank() + 1 - s + n) % n;
-      const int recv_seg = (rank() - s + n) % n;
-      for (std::size_t p = 0; p < pieces; ++p, ++step) {
-        const std::size_t so = std::min(seg_count(send_seg), p * piece);
-        const std::size_t sn = std::min(piece, seg_count(send_seg) - so);
-        const std::size_t ro = std::min(seg_count(recv_seg), p * piece);
-        const std::size_t rn = std::min(piece, seg_count(recv_seg) - ro);
-        if (auto st = exchange(right, data + seg_begin(send_seg) + so, sn * sizeof(Element), left,
-                               data + seg_begin(recv_seg) + ro, rn * sizeof(Element), step);
-            !st)
-          return st;
+        if (reduce)
+          for (std::size_t i = 0; i < rn; ++i) dst[i] = add(dst[i], tmp[i]);
       }
     }
     return ok_status();
+  }
+
+  // Reduce-scatter: segment c is summed from rank c + 1 around to rank c, which ends owning it
+  // (at step s rank r sends segment r - s - 1 and adds segment r - s - 2).
+  template <class Element, class Add>
+  Status ring_reduce_scatter(Element* data, std::size_t count, Add add) {
+    const int r = rank();
+    return ring_pass(
+        data, count, [&](int s) { return seg(r - s - 1); }, [&](int s) { return seg(r - s - 2); },
+        true, add);
+  }
+  // All-gather: at step s rank r passes on segment r - s (its own first), receives r - s - 1.
+  template <class Element>
+  Status ring_allgather(Element* data, std::size_t count) {
+    const int r = rank();
+    return ring_pass(
+        data, count, [&](int s) { return seg(r - s); }, [&](int s) { return seg(r - s - 1); },
+        false, [](Element a, Element) { return a; });
+  }
+  template <class Element, class Add>
+  Status ring_allreduce(Element* data, std::size_t count, Add add) {
+    if (auto st = ring_reduce_scatter(data, count, add); !st) return st;
+    return ring_allgather(data, count);
   }
 };
 
@@ -168,6 +187,24 @@ Status HostCommunicator::broadcast(void* data, std::size_t bytes, int root) {
 
 Status HostCommunicator::allreduce_sum(float* data, std::size_t count) {
   return impl_->ring_allreduce(data, count, [](float a, float b) { return a + b; });
+}
+
+Status HostCommunicator::reduce_scatter_sum(float* data, std::size_t count) {
+  return impl_->ring_reduce_scatter(data, count, [](float a, float b) { return a + b; });
+}
+
+Status HostCommunicator::allgather(void* data, std::size_t count, std::size_t element_bytes) {
+  switch (element_bytes) {
+    case 1:
+      return impl_->ring_allgather(static_cast<std::uint8_t*>(data), count);
+    case 2:
+      return impl_->ring_allgather(static_cast<std::uint16_t*>(data), count);
+    case 4:
+      return impl_->ring_allgather(static_cast<std::uint32_t*>(data), count);
+    case 8:
+      return impl_->ring_allgather(static_cast<std::uint64_t*>(data), count);
+  }
+  return make_error(fmt::format("allgather: elements of {} bytes (1, 2, 4 or 8)", element_bytes));
 }
 
 Status HostCommunicator::allreduce_sum_bf16(std::uint16_t* data, std::size_t count) {

@@ -702,7 +702,7 @@ std::string to_json_line(const StageResult& r, const std::string& node, const st
 
 Result<PreflightConfig> plan_preflight(const PreflightPlanInput& in) {
   if (in.transport != "ucx" && in.transport != "verbs")
-    return make_error(fmt::format("rdma.transport: \"{}\" is not one of ucx, verbs", in.transport));
+    return make_error(fmt::format("--transport: \"{}\" is not one of ucx, verbs", in.transport));
   PreflightConfig c;
   c.level = in.level;
   c.node = in.node;
@@ -740,7 +740,7 @@ Result<PreflightReport> run_preflight(wireup::KvStore& store, const PreflightCon
                                       std::ostream* jsonl) {
   if (config.transport != "ucx" && config.transport != "verbs")
     return make_error(
-        fmt::format("rdma.transport: \"{}\" is not one of ucx, verbs", config.transport));
+        fmt::format("--transport: \"{}\" is not one of ucx, verbs", config.transport));
   if (config.buffer_bytes < 4096 || config.message_bytes == 0)
     return make_error("rdma preflight: buffer must be >= 4 KiB and messages > 0 bytes");
   if (config.transport == "verbs" && config.verbs.device.empty())

@@ -4,6 +4,8 @@
 
 #include <algorithm>
 
+#include "topolaunch/jobspec/worker_contract.hpp"
+
 namespace topolaunch::spank {
 
 using topology::CpuSet;
@@ -132,18 +134,19 @@ Result<NodePlan> plan_node(const StepInfo& step, std::shared_ptr<const NodeTopol
     // The library's environment first (it names RANK, CUDA_VISIBLE_DEVICES, NCCL_IB_HCA, ...);
     // then what only Slurm's view adds. Values the user set for the rendezvous and threads win.
     task.env = task.rank.env;
-    task.env.try_emplace("RANK", std::to_string(task.rank.rank));
-    task.env.try_emplace("LOCAL_RANK", std::to_string(task.rank.local_rank));
-    task.env.try_emplace("WORLD_SIZE", std::to_string(map->world_size));
-    task.env.try_emplace("LOCAL_WORLD_SIZE", std::to_string(per_node));
-    task.env.try_emplace("GROUP_RANK", std::to_string(plan.map_node_index));
-    task.env.try_emplace("TOPOLAUNCH_CPUS", task.rank.cpus.to_list());
-    task.env["MASTER_ADDR"] = user_value("MASTER_ADDR", master_addr);
-    task.env["MASTER_PORT"] = user_value("MASTER_PORT", master_port);
-    if (auto it = task.env.find("OMP_NUM_THREADS"); it != task.env.end()) {
-      it->second = user_value("OMP_NUM_THREADS", it->second);
+    namespace env_name = jobspec::env;
+    task.env.try_emplace(env_name::kRank, std::to_string(task.rank.rank));
+    task.env.try_emplace(env_name::kLocalRank, std::to_string(task.rank.local_rank));
+    task.env.try_emplace(env_name::kWorldSize, std::to_string(map->world_size));
+    task.env.try_emplace(env_name::kLocalWorldSize, std::to_string(per_node));
+    task.env.try_emplace(env_name::kGroupRank, std::to_string(plan.map_node_index));
+    task.env.try_emplace(env_name::kCpus, task.rank.cpus.to_list());
+    task.env[env_name::kMasterAddr] = user_value(env_name::kMasterAddr, master_addr);
+    task.env[env_name::kMasterPort] = user_value(env_name::kMasterPort, master_port);
+    if (auto it = task.env.find(env_name::kOmpNumThreads); it != task.env.end()) {
+      it->second = user_value(env_name::kOmpNumThreads, it->second);
     }
-    task.env["TOPOLAUNCH_NODE"] = step.node_name;
+    task.env[env_name::kNode] = step.node_name;
     plan.tasks.push_back(std::move(task));
   }
   return plan;

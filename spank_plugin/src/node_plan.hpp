@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "topolaunch/common/env.hpp"
 #include "topolaunch/common/result.hpp"
 #include "topolaunch/topology/cpuset.hpp"
 #include "topolaunch/topology/mapping_spec.hpp"
@@ -28,13 +29,13 @@ struct StepInfo {
   int world_size = 0;                           // S_JOB_TOTAL_TASK_COUNT
   int local_tasks = 0;                          // S_JOB_LOCAL_TASK_COUNT
   std::optional<topology::CpuSet> alloc_cores;  // S_STEP_ALLOC_CORES (Slurm core indexes)
-  topology::Environment env;                    // the step environment (GPU variables, MASTER_*)
+  Environment env;                              // the step environment (GPU variables, MASTER_*)
 };
 
 struct TaskPlan {
   int local_task = -1;            // Slurm's local task id (SLURM_LOCALID)
   topology::RankAssignment rank;  // from the library's map
-  topology::Environment env;      // everything to export, torchrun names included
+  Environment env;                // everything to export, torchrun names included
 };
 
 struct NodePlan {

@@ -18,7 +18,8 @@
 #include "spank.hpp"
 #include "task_binding.hpp"
 #include "text_checks.hpp"
-#include "topolaunch/launcher/job_config.hpp"
+#include "topolaunch/jobspec/job_config.hpp"
+#include "topolaunch/jobspec/worker_contract.hpp"
 #include "topolaunch/topology/discover.hpp"
 #include "user_file.hpp"
 
@@ -40,8 +41,8 @@ Result<std::uint32_t> get_u32(spank_t sp, spank_item_t item, const char* what) {
   return value;
 }
 
-topology::Environment job_environment(spank_t sp) {
-  topology::Environment env;
+Environment job_environment(spank_t sp) {
+  Environment env;
   char** entries = nullptr;
   if (spank_get_item(sp, S_JOB_ENV, &entries) != ESPANK_SUCCESS || entries == nullptr) return env;
   for (char** e = entries; *e != nullptr; ++e) {
@@ -52,7 +53,7 @@ topology::Environment job_environment(spank_t sp) {
   return env;
 }
 
-std::string env_or(const topology::Environment& env, const char* name, const char* fallback = "") {
+std::string env_or(const Environment& env, const char* name, const char* fallback = "") {
   auto it = env.find(name);
   return it == env.end() ? fallback : it->second;
 }
@@ -143,7 +144,7 @@ Result<topology::MappingSpec> mapping_spec(spank_t sp, const PluginState& s) {
     limits.uid = user->uid;
     limits.gid = user->gid;
     limits.wall = std::chrono::seconds(5);
-    auto config = launcher::parse_job_config_isolated(*text, *s.options.config_path, limits);
+    auto config = jobspec::parse_job_config_isolated(*text, *s.options.config_path, limits);
     if (!config) return config.error();
     spec = config->mapping;
   }
@@ -163,6 +164,13 @@ Status plan_this_node(spank_t sp, PluginState& s, std::uint32_t job_id, std::uin
   if (!spec) return spec.error();
   auto mine = load_node_topology(s.site, step->node_name);
   if (!mine) return mine.error();
+  // A NIC the user names that this node lacks would leave the ranks without it, silently.
+  if (s.options.nics_text) {
+    if (auto named = topology::check_named_nics(spec->nics, **mine, step->node_name,
+                                                "--topolaunch-nics=" + *s.options.nics_text);
+        !named)
+      return named.error();
+  }
   // Other nodes: the site's per-node XML when there is a pattern; otherwise this node's
   // topology stands in for them (a live node cannot see its peers from inside a SPANK hook).
   // Files with the same bytes share one parse: each node of a 32-node step of three node types
@@ -276,9 +284,9 @@ int remote_task_init(spank_t sp) {
     return -1;
   }
 
-  topology::Environment env = task.env;
-  env["TOPOLAUNCH_BOUND_CPUS"] = binding.cpus.to_list();
-  env["TOPOLAUNCH_MODE"] = std::string(to_string(s.mode));
+  Environment env = task.env;
+  env[jobspec::env::kBoundCpus] = binding.cpus.to_list();
+  env[jobspec::env::kMode] = std::string(to_string(s.mode));
   for (const auto& [name, value] : env) {
     const spank_err_t rc = spank_setenv(sp, name.c_str(), value.c_str(), 1);
     if (rc != ESPANK_SUCCESS) {
@@ -290,7 +298,7 @@ int remote_task_init(spank_t sp) {
   if (s.mode == Mode::verbose) {
     std::vector<std::string> gpus;
     for (int g : task.rank.gpus) gpus.push_back(std::to_string(g));
-    const std::string busids = env_or(env, "TOPOLAUNCH_GPU_BUSIDS");
+    const std::string busids = env_or(env, jobspec::env::kGpuBusids);
     std::string line = fmt::format(
         "{} task {} rank {}: gpu {}{} cores {} numa {} nic {}; bound to cpus {}", s.plan->node_name,
         local_task, task.rank.rank, gpus.empty() ? "-" : join(gpus),

@@ -12,7 +12,8 @@ namespace {
 Result<bool> parse_bool(std::string_view key, std::string_view value) {
   if (value == "1" || value == "yes" || value == "true") return true;
   if (value == "0" || value == "no" || value == "false") return false;
-  return make_error(fmt::format("plugstack.conf: {}={}: not a boolean (use 0 or 1)", key, value));
+  return make_error(
+      fmt::format("plugstack.conf: {}={}: not a boolean (use 0 or 1)", key, shown(value)));
 }
 
 Status check_pattern(std::string_view value) {
@@ -68,12 +69,12 @@ Result<SiteConfig> parse_site_config(const std::vector<std::string_view>& args) 
   for (std::string_view arg : args) {
     const auto eq = arg.find('=');
     if (eq == std::string_view::npos || eq == 0) {
-      return make_error(fmt::format("plugstack.conf: '{}': expected key=value", arg));
+      return make_error(fmt::format("plugstack.conf: '{}': expected key=value", shown(arg)));
     }
     const std::string_view key = arg.substr(0, eq);
     const std::string_view value = arg.substr(eq + 1);
     if (!seen.emplace(key).second) {
-      return make_error(fmt::format("plugstack.conf: {}: given twice", key));
+      return make_error(fmt::format("plugstack.conf: {}: given twice", shown(key)));
     }
     if (key == "mode") {
       auto mode = parse_mode(value);
@@ -110,13 +111,13 @@ Result<SiteConfig> parse_site_config(const std::vector<std::string_view>& args) 
         config.log_level = LogLevel::debug;
       } else {
         return make_error(
-            fmt::format("plugstack.conf: log_level={}: use error, info or debug", value));
+            fmt::format("plugstack.conf: log_level={}: use error, info or debug", shown(value)));
       }
     } else {
       return make_error(fmt::format(
           "plugstack.conf: unknown key '{}' (known: mode, topology_xml, nics, enforce_binding, "
           "allow_user_config, log_level)",
-          key));
+          shown(key)));
     }
   }
   return config;

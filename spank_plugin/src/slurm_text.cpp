@@ -3,6 +3,9 @@
 #include <fmt/format.h>
 
 #include <charconv>
+#include <limits>
+
+#include "text_checks.hpp"
 
 namespace topolaunch::spank {
 namespace {
@@ -11,7 +14,7 @@ Result<long> to_number(std::string_view text, std::string_view whole) {
   long value = 0;
   auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), value);
   if (ec != std::errc() || end != text.data() + text.size() || text.empty()) {
-    return make_error(fmt::format("'{}': '{}' is not a number", whole, text));
+    return make_error(fmt::format("'{}': '{}' is not a number", shown(whole, 80), shown(text)));
   }
   return value;
 }
@@ -24,7 +27,8 @@ Status expand_one(std::string_view expr, std::string_view whole, std::vector<std
     return ok_status();
   }
   const auto close = expr.find(']', open);
-  if (close == std::string_view::npos) return make_error(fmt::format("'{}': missing ']'", whole));
+  if (close == std::string_view::npos)
+    return make_error(fmt::format("'{}': missing ']'", shown(whole, 80)));
   const std::string_view prefix = expr.substr(0, open);
   const std::string_view ranges = expr.substr(open + 1, close - open - 1);
   const std::string_view rest = expr.substr(close + 1);
@@ -41,10 +45,17 @@ Status expand_one(std::string_view expr, std::string_view whole, std::vector<std
     auto hi = to_number(hi_text, whole);
     if (!lo) return lo.error();
     if (!hi) return hi.error();
-    if (*hi < *lo) return make_error(fmt::format("'{}': descending range '{}'", whole, range));
+    if (*hi < *lo)
+      return make_error(fmt::format("'{}': descending range '{}'", shown(whole, 80), shown(range)));
+    // lo >= 0 (no sign before the dash), so hi - lo cannot overflow; counting from lo keeps
+    // "n[9223372036854775807]" from stepping past LONG_MAX.
+    if (*hi - *lo >= static_cast<long>(kMaxHosts))
+      return make_error(fmt::format("'{}': too many hosts", shown(whole, 80)));
     const int width = static_cast<int>(lo_text.size());
-    for (long i = *lo; i <= *hi; ++i) {
-      if (out.size() >= kMaxHosts) return make_error(fmt::format("'{}': too many hosts", whole));
+    for (long k = 0; k <= *hi - *lo; ++k) {
+      const long i = *lo + k;
+      if (out.size() >= kMaxHosts)
+        return make_error(fmt::format("'{}': too many hosts", shown(whole, 80)));
       std::vector<std::string> tails;
       if (auto ok = expand_one(rest, whole, tails); !ok) return ok;
       for (auto& tail : tails) out.push_back(fmt::format("{}{:0{}}{}", prefix, i, width, tail));
@@ -72,7 +83,7 @@ Result<std::vector<std::string>> expand_hostlist(std::string_view text) {
       start = i + 1;
     }
   }
-  if (depth != 0) return make_error(fmt::format("'{}': unbalanced brackets", text));
+  if (depth != 0) return make_error(fmt::format("'{}': unbalanced brackets", shown(text, 80)));
   if (hosts.empty()) return make_error("empty host list");
   return hosts;
 }
@@ -86,7 +97,7 @@ Result<std::vector<int>> expand_tasks_per_node(std::string_view text) {
     std::string_view item = text.substr(start, comma - start);
     long repeat = 1;
     if (const auto paren = item.find("(x"); paren != std::string_view::npos) {
-      if (item.back() != ')') return make_error(fmt::format("'{}': missing ')'", text));
+      if (item.back() != ')') return make_error(fmt::format("'{}': missing ')'", shown(text, 80)));
       auto r = to_number(item.substr(paren + 2, item.size() - paren - 3), text);
       if (!r) return r.error();
       repeat = *r;
@@ -94,8 +105,9 @@ Result<std::vector<int>> expand_tasks_per_node(std::string_view text) {
     }
     auto n = to_number(item, text);
     if (!n) return n.error();
-    if (*n < 0 || repeat < 1 || counts.size() + repeat > kMaxHosts) {
-      return make_error(fmt::format("'{}': count out of range", text));
+    if (*n < 0 || *n > std::numeric_limits<int>::max() || repeat < 1 ||
+        counts.size() + repeat > kMaxHosts) {
+      return make_error(fmt::format("'{}': count out of range", shown(text, 80)));
     }
     counts.insert(counts.end(), static_cast<std::size_t>(repeat), static_cast<int>(*n));
     start = comma + 1;

@@ -3,17 +3,13 @@
 #include <fmt/format.h>
 
 namespace topolaunch::spank {
-namespace {
 
-// Printable, and short when echoed back: an over-long value is cut in the message.
-std::string shown(std::string_view text) {
+std::string shown(std::string_view text, std::size_t max_chars) {
   std::string out;
-  for (char c : text.substr(0, 40)) out += (c >= 0x21 && c <= 0x7e) ? c : '?';
-  if (text.size() > 40) out += "...";
+  for (char c : text.substr(0, max_chars)) out += (c >= 0x21 && c <= 0x7e) ? c : '?';
+  if (text.size() > max_chars) out += "...";
   return out;
 }
-
-}  // namespace
 
 Result<Mode> parse_mode(std::string_view text) {
   if (text == "auto") return Mode::automatic;

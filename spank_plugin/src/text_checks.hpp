@@ -2,6 +2,7 @@
 // The plugin runs partly as root inside slurmstepd, so nothing unchecked goes further.
 #pragma once
 
+#include <string>
 #include <string_view>
 
 #include "site_config.hpp"
@@ -13,6 +14,10 @@ namespace topolaunch::spank {
 
 inline constexpr std::size_t kMaxPathBytes = 1024;
 inline constexpr std::size_t kMaxListBytes = 256;
+
+// A value as it may be echoed in a message: printable ASCII ('?' for anything else: a newline
+// or an escape sequence would forge or garble the log lines after it), cut at max_chars ("...").
+std::string shown(std::string_view text, std::size_t max_chars = 40);
 
 // "auto" | "off" | "verbose".
 Result<Mode> parse_mode(std::string_view text);

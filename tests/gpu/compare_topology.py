@@ -1,12 +1,14 @@
 #!/usr/bin/env python3
-"""Compares what `topodiag --json` says about this node with what `nvidia-smi` says, for issue 9's
-"they must agree": per GPU its place in the order (PCI bus id of index i), its NUMA node and CPU
+"""Compares what `topodiag --json` says about this node with what `nvidia-smi` says, which must
+agree: per GPU its place in the order (PCI bus id of index i), its NUMA node and CPU
 affinity; per pair of devices (GPUs and NICs) the relation cell (NV#, PIX, PXB, PHB, NODE, SYS).
 Prints one line per check with `agree` or `DISAGREE`, then a verdict; writes one JSON line with the
 counts to --jsonl (appended). Exit status 0 when everything agrees, 1 when something disagrees,
 2 when an input cannot be read or parsed.
 
   compare_topology.py TOPO_M.txt GPUS.csv TOPODIAG.json [--jsonl FILE]
+  compare_topology.py --live TOPODIAG_EXE [--jsonl FILE]   (suite gpu: runs nvidia-smi and
+                                                             topodiag --json on this node itself)
 
 TOPO_M.txt: `nvidia-smi topo -m` as printed (ANSI underline codes and tabs are fine).
 GPUS.csv:   `nvidia-smi --query-gpu=index,pci.bus_id --format=csv,noheader`.
@@ -16,6 +18,7 @@ machine has exactly one NUMA node (then there is no other node the GPU could bel
 line says so.
 """
 import json
+import os
 import re
 import sys
 
@@ -152,6 +155,25 @@ def fmt_bus(t):
     return "missing" if t is None else f"{t[0]:04x}:{t[1]:02x}:{t[2]:02x}.{t[3]}"
 
 
+def live_inputs(topodiag):
+    """This node's `nvidia-smi topo -m`, GPU list and `topodiag --json`, as the three inputs."""
+    import subprocess
+    import tempfile
+    folder = tempfile.mkdtemp(prefix="compare-topology-")
+    commands = {"topo-m.txt": ["nvidia-smi", "topo", "-m"],
+                "gpus.csv": ["nvidia-smi", "--query-gpu=index,pci.bus_id", "--format=csv,noheader"],
+                "topodiag.json": [topodiag, "--json"]}
+    paths = []
+    for name, cmd in commands.items():
+        path = os.path.join(folder, name)
+        with open(path, "w") as out:
+            # topodiag's exit status reports findings (warnings on a VM are expected): only an
+            # output that cannot be read fails the comparison
+            subprocess.run(cmd, stdout=out, timeout=120)
+        paths.append(path)
+    return paths
+
+
 def main(argv):
     args = argv[1:]
     jsonl = None
@@ -159,6 +181,8 @@ def main(argv):
         i = args.index("--jsonl")
         jsonl = args[i + 1]
         del args[i:i + 2]
+    if len(args) == 2 and args[0] == "--live":
+        args = live_inputs(args[1])
     if len(args) != 3:
         print("usage: compare_topology.py TOPO_M.txt GPUS.csv TOPODIAG.json [--jsonl FILE]",
               file=sys.stderr)

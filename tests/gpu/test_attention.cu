@@ -369,7 +369,7 @@ int main(int argc, char** argv) {
     if (sel.only == "cudnn") {
       std::fprintf(stderr,
                    "test_attention: only=cudnn but this build has no cuDNN attention (build "
-                   "attention_cudnn.cu with -DTOPOLAUNCH_WITH_CUDNN and the cuDNN frontend)\n");
+                   "attention_cudnn.cu with -DTOPOLAUNCH_WITH_CUDNN and libcudnn 9)\n");
       return 1;
     }
     if (sel.only.empty()) std::printf("note cudnn: not built, its checks are left out\n");

@@ -14,7 +14,7 @@
 //      fused attention, when built) must give the CPU's 10-step losses within 1e-2 with every
 //      attention backward through cuDNN (first writer of dqkv), by graph replay and op by op;
 //      attention = auto must time both and train within 1e-2 of the CPU; without a cuDNN build,
-//      cudnn must be refused with a message naming the meson option and auto must choose own.
+//      cudnn must be refused with a message naming what is missing and auto must choose own.
 // With an output folder argument it also exports the init, the batch and the losses for the
 // PyTorch reference (tests/bench/kernels/gpt2_torch_reference.py).
 // Plain main (the GPU host has no Catch2 2.x): prints one line per check, exits with the number of
@@ -86,11 +86,13 @@ tk::GptConfig small_gpt() {
   return c;
 }
 
-tk::Plan make_plan(const tk::Precision& precision, int world_size) {
+tk::Plan make_plan(const tk::Precision& precision, int world_size,
+                   bool fused_attention_workspace = true) {
   tk::Graph g = tk::build_gpt2(small_gpt(), precision);
   tk::append_backward(g);
   tk::append_optimizer(g);
   tk::PlanOptions po;
+  po.fused_attention_workspace = fused_attention_workspace;
   po.comm.world_size = world_size;
   if (world_size > 1) po.comm.bucket_cap_bytes = 64 << 10;  // many buckets
   return must(tk::compile_plan(std::move(g), po), "compile_plan");
@@ -128,6 +130,17 @@ class DoublingCommunicator final : public gpu::GpuCommunicator {
     ++calls;
     double_kernel<<<static_cast<unsigned>((count + 255) / 256), 256, 0, stream>>>(data, count);
     return cudaGetLastError();
+  }
+  // Rank 0's segment is the first half; the other rank's parameter shard is not known here, so the
+  // gather fills only this rank's segment (the tests run unsharded plans over this communicator).
+  cudaError_t reduce_scatter_sum(float* data, std::size_t count, cudaStream_t stream) override {
+    return all_reduce_sum(data, count / 2, stream);
+  }
+  cudaError_t all_gather(__nv_bfloat16* data, const __nv_bfloat16* shard, std::size_t count,
+                         cudaStream_t stream) override {
+    if (shard == data) return cudaSuccess;
+    return cudaMemcpyAsync(data, shard, count / 2 * sizeof(__nv_bfloat16), cudaMemcpyDeviceToDevice,
+                           stream);
   }
   int calls = 0;
 };
@@ -202,7 +215,7 @@ int main(int argc, char** argv) {
   };
   load_batch();
   cpu.set_loss_scale(loss_scale);
-  cpu.run_forward();
+  must(cpu.run_forward(), "cpu forward");
   const tk::TensorId cpu_logits_id = find(cg, "logits");
   const std::vector<float> cpu_logits(cpu.values(cpu_logits_id).begin(),
                                       cpu.values(cpu_logits_id).end());
@@ -212,7 +225,7 @@ int main(int argc, char** argv) {
     load_batch();
     must(cpu.run_forward_backward(nullptr), "cpu forward_backward");
     cpu_losses.push_back(cpu.mean_loss());
-    cpu.run_optimizer(adamw, step);
+    must(cpu.run_optimizer(adamw, step), "cpu optimizer");
   }
 
   // ---- CUDA executor, graph replay ----
@@ -420,8 +433,10 @@ int main(int argc, char** argv) {
               fmt("attention = cudnn: cuDNN runs all %d attention backwards (first writers of "
                   "dqkv)",
                   static_cast<int>(small_gpt().n_layer)));
-        check(exc.memory().attention_workspace_bytes == a.cudnn_workspace_bytes,
-              fmt("attention = cudnn: its workspace (%zu bytes) reported in DeviceMemory",
+        check(a.cudnn_workspace_bytes > 0 && a.cudnn_workspace_planned &&
+                  exc.memory().attention_workspace_bytes == 0,
+              fmt("attention = cudnn: its workspace (%zu bytes) lies in the plan's attention "
+                  "workspaces, nothing allocated beside the arena",
                   a.cudnn_workspace_bytes));
         const auto cl = train_gpu(exc, tokens, targets, loss_scale, adamw);
         for (int i = 0; i < kSteps; ++i)
@@ -431,6 +446,20 @@ int main(int argc, char** argv) {
               fmt("attention = cudnn, graph replay: 10-step losses vs CPU worst relative %.2e <= "
                   "1e-2",
                   w));
+        // a plan without room for cuDNN's workspace: one separate allocation, the same training
+        {
+          const tk::Plan unplanned = make_plan(tk::Precision::cuda_bf16(), 1, false);
+          auto exu = must(gpu::CudaExecutor::create(unplanned, cudnn), "create cudnn unplanned");
+          const auto& au = exu->attention_choice();
+          const double wu = losses_vs_cpu(train_gpu(*exu, tokens, targets, loss_scale, adamw));
+          check(!au.cudnn_workspace_planned && au.cudnn_workspace_bytes > 0 &&
+                    exu->memory().attention_workspace_bytes == au.cudnn_workspace_bytes &&
+                    unplanned.memory.arena_bytes <= gpu_plan.memory.arena_bytes && wu <= 1e-2,
+                fmt("attention = cudnn on a plan without fused_attention_workspace: a separate "
+                    "%zu-byte workspace, arena %zu <= %zu bytes, losses vs CPU %.2e <= 1e-2",
+                    exu->memory().attention_workspace_bytes, unplanned.memory.arena_bytes,
+                    gpu_plan.memory.arena_bytes, wu));
+        }
         gpu::CudaExecutorOptions cudnn_eager = cudnn;
         cudnn_eager.mode = gpu::ExecutionMode::op_by_op;
         auto exe = must(gpu::CudaExecutor::create(gpu_plan, cudnn_eager), "create cudnn op-by-op");
@@ -468,8 +497,8 @@ int main(int argc, char** argv) {
                 ab.reason + ")");
     } else {
       auto refused = gpu::CudaExecutor::create(gpu_plan, cudnn);
-      check(!refused && refused.error().message.find("cudnn_frontend_dir") != std::string::npos,
-            "no cuDNN build: attention = cudnn refused naming the meson option: " +
+      check(!refused && refused.error().message.find("libcudnn 9") != std::string::npos,
+            "no cuDNN build: attention = cudnn refused naming what is missing: " +
                 (refused ? std::string("accepted") : refused.error().message));
       auto exa = must(gpu::CudaExecutor::create(gpu_plan, autopick), "create auto");
       check(

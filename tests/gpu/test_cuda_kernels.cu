@@ -19,6 +19,8 @@
 
 #include "adamw.cuh"
 #include "adamw.hpp"
+#include "attention.cuh"
+#include "attention.hpp"
 #include "classifier.cuh"
 #include "classifier.hpp"
 #include "encoder.cuh"
@@ -31,6 +33,12 @@
 #include "matmul.hpp"
 #include "residual.cuh"
 #include "residual.hpp"
+#include "rmsnorm.cuh"
+#include "rmsnorm.hpp"
+#include "rope.cuh"
+#include "rope.hpp"
+#include "swiglu.cuh"
+#include "swiglu.hpp"
 #include "topolaunch/kernels/graph.hpp"
 
 namespace cpu = topolaunch::kernels::cpu;
@@ -209,6 +217,154 @@ void test_layernorm(std::mt19937& rng, std::int64_t N, std::int64_t C) {
   compare("layernorm_backward dx (+=)" + shape, download(*ddx), dxr, kBf16Rtol, kBf16Atol);
   compare("layernorm_backward dw (fp32, +=)" + shape, download(*ddw), dwr, 1e-4, 1e-5);
   compare("layernorm_backward db (fp32, +=)" + shape, download(*ddb), dbr, 1e-4, 1e-5);
+}
+
+// RMSNorm, the fused residual + RMSNorm, and the backward, against kernels/cpu/rmsnorm.hpp.
+void test_rmsnorm(std::mt19937& rng, std::int64_t N, std::int64_t C) {
+  const std::string shape = " N=" + std::to_string(N) + " C=" + std::to_string(C);
+  const Vec x = random_vec(rng, N * C, -2, 3, true), w = random_vec(rng, C, 0.5, 1.5, true);
+  Vec y(N * C), rstd(N);
+  cpu::rmsnorm_forward(y.data(), rstd.data(), x.data(), w.data(), N, C);
+  std::unique_ptr<Dev<bf16>> dx(upload_bf16(x)), dw(upload_bf16(w)), dy(new Dev<bf16>(N * C));
+  std::unique_ptr<Dev<float>> drstd(new Dev<float>(N));
+  check_cuda(gpu::rmsnorm_forward(dy->p, drstd->p, dx->p, dw->p, N, C, nullptr), "rmsnorm");
+  compare("rmsnorm_forward y" + shape, download(*dy), y, kBf16Rtol, kBf16Atol);
+  compare("rmsnorm_forward rstd" + shape, download(*drstd), rstd, 1e-4, 1e-5);
+  // fused: s stored in bf16 and normalised as stored
+  const Vec a = random_vec(rng, N * C, -1, 1, true), r = random_vec(rng, N * C, -1, 2, true);
+  Vec s(N * C), y2(N * C), rstd2(N);
+  for (std::int64_t i = 0; i < N * C; ++i) s[i] = round_bf16(a[i] + r[i]);
+  cpu::rmsnorm_forward(y2.data(), rstd2.data(), s.data(), w.data(), N, C);
+  std::unique_ptr<Dev<bf16>> da(upload_bf16(a)), dr(upload_bf16(r)), ds(new Dev<bf16>(N * C)),
+      dy2(new Dev<bf16>(N * C));
+  check_cuda(
+      gpu::residual_rmsnorm_forward(ds->p, dy2->p, drstd->p, da->p, dr->p, dw->p, N, C, nullptr),
+      "residual_rmsnorm");
+  compare("residual_rmsnorm_forward s" + shape, download(*ds), s, 0, 0);
+  compare("residual_rmsnorm_forward y" + shape, download(*dy2), y2, kBf16Rtol, kBf16Atol);
+  compare("residual_rmsnorm_forward rstd" + shape, download(*drstd), rstd2, 1e-4, 1e-5);
+  // backward, accumulating into random initial gradients
+  const Vec g = random_vec(rng, N * C, -1, 1, true);
+  Vec dxr = random_vec(rng, N * C, -0.1f, 0.1f, true), dwr = random_vec(rng, C, -1, 1, false);
+  std::unique_ptr<Dev<bf16>> dg(upload_bf16(g)), ddx(upload_bf16(dxr));
+  std::unique_ptr<Dev<float>> ddw(upload(dwr)), drstd1(upload(rstd));
+  cpu::rmsnorm_backward(dxr.data(), dwr.data(), g.data(), x.data(), w.data(), rstd.data(), N, C);
+  check_cuda(gpu::rmsnorm_backward(ddx->p, ddw->p, dg->p, dx->p, dw->p, drstd1->p, N, C, nullptr),
+             "rmsnorm_backward");
+  compare("rmsnorm_backward dx (+=)" + shape, download(*ddx), dxr, kBf16Rtol, kBf16Atol);
+  compare("rmsnorm_backward dw (fp32, +=)" + shape, download(*ddw), dwr, 1e-4, 1e-5);
+}
+
+// Rotary embeddings (forward, and the backward accumulating) against kernels/cpu/rope.hpp.
+void test_rope(std::mt19937& rng, std::int64_t B, std::int64_t T, std::int64_t C, std::int64_t NH,
+               std::int64_t NKV) {
+  const std::string shape = " B=" + std::to_string(B) + " T=" + std::to_string(T) +
+                            " C=" + std::to_string(C) + " NH=" + std::to_string(NH) +
+                            " NKV=" + std::to_string(NKV);
+  const std::int64_t W = C + 2 * (C / NH * NKV), n = B * T * W;
+  const Vec x = random_vec(rng, n, -2, 2, true);
+  Vec y(n);
+  cpu::rope_forward(y.data(), x.data(), B, T, C, NH, NKV, 10000.0);
+  std::unique_ptr<Dev<bf16>> dx(upload_bf16(x)), dy(new Dev<bf16>(n));
+  check_cuda(gpu::rope_forward(dy->p, dx->p, B, T, C, NH, NKV, 10000.0, nullptr), "rope");
+  compare("rope_forward" + shape, download(*dy), y, kBf16Rtol, kBf16Atol);
+  Vec acc = random_vec(rng, n, -0.5f, 0.5f, true);
+  std::unique_ptr<Dev<bf16>> dacc(upload_bf16(acc));
+  cpu::rope_backward(acc.data(), x.data(), B, T, C, NH, NKV, 10000.0);
+  check_cuda(gpu::rope_backward(dacc->p, dx->p, B, T, C, NH, NKV, 10000.0, nullptr),
+             "rope_backward");
+  compare("rope_backward (+=)" + shape, download(*dacc), acc, kBf16Rtol, kBf16Atol);
+}
+
+// SwiGLU against kernels/cpu/swiglu.hpp (the vector path when H % 8 == 0, else scalar).
+void test_swiglu(std::mt19937& rng, std::int64_t N, std::int64_t H) {
+  const std::string shape = " N=" + std::to_string(N) + " H=" + std::to_string(H);
+  const Vec gu = random_vec(rng, N * 2 * H, -4, 4, true);
+  Vec h(N * H);
+  cpu::swiglu_forward(h.data(), gu.data(), N, H);
+  std::unique_ptr<Dev<bf16>> dgu(upload_bf16(gu)), dh(new Dev<bf16>(N * H));
+  check_cuda(gpu::swiglu_forward(dh->p, dgu->p, N, H, nullptr), "swiglu");
+  compare("swiglu_forward" + shape, download(*dh), h, kBf16Rtol, kBf16Atol);
+  const Vec d = random_vec(rng, N * H, -1, 1, true);
+  Vec acc = random_vec(rng, N * 2 * H, -0.1f, 0.1f, true);
+  std::unique_ptr<Dev<bf16>> dd(upload_bf16(d)), dacc(upload_bf16(acc));
+  cpu::swiglu_backward(acc.data(), d.data(), gu.data(), N, H);
+  check_cuda(gpu::swiglu_backward(dacc->p, dd->p, dgu->p, N, H, nullptr), "swiglu_backward");
+  compare("swiglu_backward (+=)" + shape, download(*dacc), acc, kBf16Rtol, kBf16Atol);
+}
+
+// Grouped-query attention (our kernels, each kind) against kernels/cpu/attention.hpp.
+void test_gqa_attention(std::mt19937& rng, std::int64_t B, std::int64_t T, std::int64_t NH,
+                        std::int64_t NKV) {
+  const std::int64_t C = NH * 64, W = C + 2 * NKV * 64;
+  const std::string shape = " B=" + std::to_string(B) + " T=" + std::to_string(T) +
+                            " NH=" + std::to_string(NH) + " NKV=" + std::to_string(NKV);
+  const Vec qkv = random_vec(rng, B * T * W, -1, 1, true),
+            dy = random_vec(rng, B * T * C, -1, 1, true);
+  Vec y(B * T * C), lse(B * NH * T), scratch(B * NH * T), dqkv(B * T * W, 0.0f);
+  cpu::attention_forward(y.data(), lse.data(), scratch.data(), qkv.data(), B, T, C, NH, NKV);
+  // the backward from the CPU's output rounded to bf16, as the GPU reads its own
+  Vec yb(y.size());
+  for (std::size_t i = 0; i < y.size(); ++i) yb[i] = round_bf16(y[i]);
+  cpu::attention_backward(dqkv.data(), scratch.data(), dy.data(), qkv.data(), yb.data(), lse.data(),
+                          B, T, C, NH, NKV);
+  std::unique_ptr<Dev<bf16>> dqkv_in(upload_bf16(qkv)), ddy(upload_bf16(dy)),
+      dyo(new Dev<bf16>(B * T * C));
+  std::unique_ptr<Dev<float>> dlse(new Dev<float>(B * NH * T));
+  for (auto kind : {gpu::AttentionKernel::simple, gpu::AttentionKernel::tensor_core,
+                    gpu::AttentionKernel::tensor_core_w32}) {
+    const std::string tag =
+        std::string(kind == gpu::AttentionKernel::simple        ? " simple"
+                    : kind == gpu::AttentionKernel::tensor_core ? " tensor_core"
+                                                                : " tensor_core_w32") +
+        shape;
+    check_cuda(
+        gpu::attention_forward_with(kind, dyo->p, dlse->p, dqkv_in->p, B, T, C, NH, nullptr, NKV),
+        "gqa forward");
+    compare("gqa attention_forward y" + tag, download(*dyo), y, 2 * kBf16Rtol, 2 * kBf16Atol);
+    compare("gqa attention_forward lse" + tag, download(*dlse), lse, 1e-3, 1e-3);
+    std::unique_ptr<Dev<bf16>> dgrad(upload_bf16(Vec(B * T * W, 0.0f))), dyb(upload_bf16(yb));
+    std::unique_ptr<Dev<float>> dlse_ref(upload(lse));
+    Dev<char> ws(gpu::attention_backward_workspace_bytes(B, T, C, NH));
+    check_cuda(gpu::attention_backward_with(kind, dgrad->p, ws.p, ddy->p, dqkv_in->p, dyb->p,
+                                            dlse_ref->p, B, T, C, NH, nullptr, NKV),
+               "gqa backward");
+    compare("gqa attention_backward dqkv" + tag, download(*dgrad), dqkv, 4 * kBf16Rtol,
+            4 * kBf16Atol);
+  }
+  ++g_checks;
+  const bool refused =
+      NKV == NH || gpu::attention_backward_with(gpu::AttentionKernel::tensor_core_atomic, nullptr,
+                                                nullptr, nullptr, nullptr, nullptr, nullptr, B, T,
+                                                C, NH, nullptr, NKV) == cudaErrorInvalidValue;
+  if (!refused) ++g_failures;
+  std::printf("%-4s tensor_core_atomic refuses grouped-query attention%s\n",
+              refused ? "ok" : "FAIL", shape.c_str());
+}
+
+// The sharded optimizer's pieces: a partial sum of squares (no root) in the norm's fixed order,
+// and a segment added into a gradient shard.
+void test_shard_pieces(std::mt19937& rng) {
+  const Vec a = random_vec(rng, 100003, -1, 1, false), b = random_vec(rng, 4099, -1, 1, false);
+  double ref = 0;
+  for (float v : a) ref += static_cast<double>(v) * v;
+  for (float v : b) ref += static_cast<double>(v) * v;
+  std::unique_ptr<Dev<float>> da(upload(a)), db(upload(b)), out(new Dev<float>(1)),
+      partials(new Dev<float>(gpu::kNormPartials));
+  std::vector<gpu::MultiTensorEntry> entries(2);
+  entries[0].grad = da->p;
+  entries[0].n = static_cast<std::int64_t>(a.size());
+  entries[1].grad = db->p;
+  entries[1].n = static_cast<std::int64_t>(b.size());
+  const std::int64_t chunks = gpu::layout_multi_tensor(entries, gpu::MultiTensorUse::global_norm);
+  std::unique_ptr<Dev<gpu::MultiTensorEntry>> table(upload(entries));
+  gpu::sum_of_squares_multi(out->p, partials->p, table->p, 2, chunks, nullptr);
+  compare("sum_of_squares_multi (no root)", download(*out), Vec{static_cast<float>(ref)}, 1e-5, 0);
+  Vec shard = random_vec(rng, 1000, -1, 1, false), seg = random_vec(rng, 1000, -1, 1, false);
+  std::unique_ptr<Dev<float>> dshard(upload(shard)), dseg(upload(seg));
+  gpu::add_in_place(dshard->p, dseg->p, 1000, nullptr);
+  for (std::size_t i = 0; i < shard.size(); ++i) shard[i] += seg[i];
+  compare("add_in_place (gradient shard += segment)", download(*dshard), shard, 0, 0);
 }
 
 void test_elementwise(std::mt19937& rng, std::int64_t n) {
@@ -761,6 +917,17 @@ int main() {
     std::printf("%-4s layernorm_forward refuses C=1601 (cudaErrorInvalidValue)\n",
                 ok ? "ok" : "FAIL");
   }
+  test_rmsnorm(rng, 256, 768);
+  test_rmsnorm(rng, 64, 2048);  // the 1B LLaMA's width (beyond LayerNorm's register rows)
+  test_rmsnorm(rng, 37, 100);   // ragged: scalar paths
+  test_rope(rng, 2, 64, 256, 4, 2);
+  test_rope(rng, 1, 17, 128, 2, 2);  // multi-head layout, odd T
+  test_swiglu(rng, 256, 688);
+  test_swiglu(rng, 33, 100);  // H % 8 != 0: scalar kernels
+  test_gqa_attention(rng, 2, 128, 4, 2);
+  test_gqa_attention(rng, 1, 100, 4, 1);  // one key/value head, T not a multiple of the tiles
+  test_gqa_attention(rng, 1, 64, 2, 2);   // multi-head through the same path
+  test_shard_pieces(rng);
   test_elementwise(rng, 256 * 3072);
   test_elementwise(rng, 1001);                   // scalar path (n % 8 != 0)
   test_classifier(rng, 64, 50257, 50304, true);  // GPT-2, fewer rows than multiprocessors

@@ -285,7 +285,7 @@ int expect_create_failure(const char* needle) {
 // Rank 1 of stalled-init: joins the store's fence (so rank 0 gets past the id exchange) and then
 // never calls NCCL; the launcher kills it.
 int worker_stall_after_fence() {
-  auto store = topolaunch::wireup::connect_from_env(topolaunch::wireup::current_environment());
+  auto store = topolaunch::wireup::connect_from_env(topolaunch::current_environment());
   if (!store) {
     std::fprintf(stderr, "FATAL %s\n", store.error().message.c_str());
     return 100;
@@ -410,7 +410,7 @@ int main(int argc, char** argv) {
   if (argc >= 3 && std::string(argv[1]) == "--worker") {
     const std::string scenario = argv[2];
     const int rank = std::atoi(std::getenv("TOPOLAUNCH_RANK"));
-    if (scenario == "sum") return worker_sum();
+    if (scenario == "sum" || scenario == "sum-1") return worker_sum();
     if (scenario == "absent-peer") return expect_create_failure("missing ranks: 1");
     if (scenario == "stalled-init")
       return rank == 0 ? expect_create_failure("did not complete within")
@@ -420,6 +420,8 @@ int main(int argc, char** argv) {
     return 2;
   }
   std::vector<Scenario> all = {
+      // one rank on one GPU: the communicator, its all-reduce and graph capture on any GPU host
+      {"sum-1", 1, {0}, {0}, {}, {}, 60},
       {"sum", 2, {0, 1}, {0, 1}, {}, {}, 120},
       {"absent-peer", 2, {0}, {0}, {}, {{"TEST_NCCL_TIMEOUT_MS", "3000"}}, 30},
       {"stalled-init", 2, {0, 1}, {0}, {1}, {{"TEST_NCCL_TIMEOUT_MS", "5000"}}, 40},
@@ -438,7 +440,8 @@ int main(int argc, char** argv) {
     failed += run_scenario(self, sc, log_dir);
   }
   if (ran == 0) {
-    std::fprintf(stderr, "no such scenario (sum, absent-peer, stalled-init, stalled-collective)\n");
+    std::fprintf(stderr,
+                 "no such scenario (sum-1, sum, absent-peer, stalled-init, stalled-collective)\n");
     return 2;
   }
   std::printf("test_nccl: %d of %d scenarios passed\n", ran - failed, ran);

@@ -116,7 +116,7 @@ def main():
         # topolaunch: subcommands and each subcommand's options, as --help lists them.
         top_help = help_text([args.topolaunch])
         subcommands = cli11_subcommands(top_help)
-        check(sorted(subcommands) == ["check", "map", "preflight", "run"],
+        check(sorted(subcommands) == ["check", "map", "preflight", "report", "run"],
               "topolaunch --help lists subcommands %s" % subcommands)
         got = complete(args, launcher, "_topolaunch", ["topolaunch", ""], cwd)
         check(set(subcommands) <= got, "topolaunch <TAB>: %s lacks %s" % (sorted(got),
@@ -131,6 +131,10 @@ def main():
             check(got == want, "topolaunch %s -<TAB>: %s, --help lists %s"
                   % (sub, sorted(got), sorted(want)))
             got = complete(args, launcher, "_topolaunch", ["topolaunch", sub, ""], cwd)
+            if sub == "report":  # its argument is a job directory
+                check(got == {"runs"}, "topolaunch report <TAB>: %s (want the folder)"
+                      % sorted(got))
+                continue
             check(got == {"job.toml", "runs"}, "topolaunch %s <TAB>: %s (want the .toml and the "
                   "folder)" % (sub, sorted(got)))
         preflight_help = help_text([args.topolaunch, "preflight"])
@@ -170,7 +174,16 @@ def main():
         check(got == want, "topolaunch-worker -<TAB>: %s, --help lists %s"
               % (sorted(got), sorted(want)))
         got = complete(args, worker, "_topolaunch_worker", ["topolaunch-worker", ""], cwd)
-        check(got == {"job.toml", "runs"}, "topolaunch-worker <TAB>: %s" % sorted(got))
+        check(got == {"job.toml", "runs", "data", "sample", "export"},
+              "topolaunch-worker <TAB>: %s" % sorted(got))
+        # Its commands: each one's options are those of its usage.
+        for command in (["data", "prepare"], ["sample"], ["export"]):
+            usage = help_text([args.worker] + command)
+            want = set(re.findall(r"(?<![\w-])--[a-z][a-z-]*", usage)) | {"-h", "--help"}
+            got = complete(args, worker, "_topolaunch_worker",
+                           ["topolaunch-worker"] + command + ["-"], cwd)
+            check(got == want, "topolaunch-worker %s -<TAB>: %s, its --help lists %s"
+                  % (" ".join(command), sorted(got), sorted(want)))
         requested = []
         got = complete(args, worker, "_topolaunch_worker",
                        ["topolaunch-worker", "--set", "tr"], cwd, requested)

@@ -10,7 +10,7 @@
 #include <string>
 #include <vector>
 
-#include "topolaunch/launcher/job_config.hpp"
+#include "topolaunch/jobspec/job_config.hpp"
 #include "topolaunch/topology/discover.hpp"
 #include "topolaunch/topology/rankmap.hpp"
 
@@ -26,7 +26,7 @@ int main(int argc, char** argv) {
     if (arg == "--ranks-per-node" && i + 1 < argc) {
       ranks_per_node = std::atoi(argv[++i]);
     } else if (arg == "--config" && i + 1 < argc) {
-      auto config = topolaunch::launcher::load_job_config(argv[++i]);
+      auto config = topolaunch::jobspec::load_job_config(argv[++i]);
       if (!config) {
         std::fprintf(stderr, "map_oracle: %s\n", config.error().message.c_str());
         return 2;

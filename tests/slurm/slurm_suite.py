@@ -324,6 +324,18 @@ class Suite:
                 time.monotonic() - t0, header))
             check("table name must start" in line, "unexpected reason: " + line)
 
+    def test_nics_missing(self):
+        """--topolaunch-nics naming a NIC a node lacks fails the step naming it and the NICs."""
+        line = self.expect_step_failure(
+            ["srun", "-N1", "-w", "n1", "-n1", "--topolaunch=auto", "--topolaunch-nics=nosuchnic9",
+             "true"], r"--topolaunch-nics=nosuchnic9: node n1 has no NIC nosuchnic9")
+        check("its NICs: mlx5_0, mlx5_1" in line, "the node's NICs are not named: " + line)
+        for nics in ("mlx5_0", "^mlx5_nosuch"):  # a NIC it has; an exclusion of none
+            proc = self.cluster.run(["srun", "-N1", "-w", "n1", "-n1", "--topolaunch=auto",
+                                     "--topolaunch-nics=" + nics, "true"])
+            check(proc.returncode == 0, "--topolaunch-nics=%s refused: %s" % (
+                nics, proc.stderr.strip()))
+
     def test_mixed_nodes(self):
         """One job over n1..n4 (three node types): a valid map on every node."""
         prefix = "mixed"

@@ -7,6 +7,7 @@
 
 #include <fmt/format.h>
 #include <algorithm>
+#include <cctype>
 #include <cerrno>
 #include <cmath>
 #include <cstdlib>
@@ -17,6 +18,7 @@
 #include <sstream>
 
 #include "discover_internal.hpp"
+#include "topolaunch/common/isolated.hpp"
 #include "topolaunch/topology/serialize.hpp"
 
 namespace topolaunch::topology {
@@ -80,6 +82,35 @@ bool NicFilter::selects(std::string_view nic_name) const {
     return false;
   }
   return std::none_of(exclude.begin(), exclude.end(), matches);
+}
+
+std::vector<std::string> NicFilter::unmatched(const std::vector<std::string>& nic_names) const {
+  std::vector<std::string> out;
+  for (const std::string& pattern : include) {
+    const bool found = std::any_of(nic_names.begin(), nic_names.end(), [&](const std::string& n) {
+      return exact ? n == pattern : std::string_view(n).starts_with(pattern);
+    });
+    if (!found) out.push_back(pattern);
+  }
+  return out;
+}
+
+Status check_named_nics(const NicFilter& filter, const NodeTopology& topo, std::string_view node,
+                        std::string_view what) {
+  std::vector<std::string> names;
+  for (const Nic& nic : topo.nics) {
+    if (!nic.name.empty()) names.push_back(nic.name);
+  }
+  const std::vector<std::string> missing = filter.unmatched(names);
+  if (missing.empty()) return ok_status();
+  auto join = [](const std::vector<std::string>& items) {
+    std::string out;
+    for (const std::string& item : items) out += (out.empty() ? "" : ", ") + item;
+    return out;
+  };
+  return make_error(fmt::format(
+      "{}: node {} has no NIC{} {} ({})", what, node, missing.size() == 1 ? "" : "s", join(missing),
+      names.empty() ? "it has no RDMA NICs" : "its NICs: " + join(names)));
 }
 
 namespace detail {
@@ -593,6 +624,56 @@ Result<std::string> read_file(const std::string& path) {
   return out.str();
 }
 
+// hwloc 2.9.0 dereferences a NULL bitmap in hwloc_topology_load() (both importers) when the
+// root or a NUMA node has `cpuset` without `complete_cpuset` or `nodeset` without
+// `complete_nodeset` (docs/fuzzing-findings.md); its exports always write them in pairs. So every
+// <object> tag must: checked here with the tag read as XML reads it ('>' inside a quoted value
+// does not end it).
+Status check_object_sets(std::string_view text, const std::string& name) {
+  for (std::size_t at = text.find("<object"); at != std::string_view::npos;
+       at = text.find("<object", at + 1)) {
+    bool has[4] = {};  // cpuset, complete_cpuset, nodeset, complete_nodeset
+    std::size_t i = at + 7;
+    bool cut = false;  // a '<' before the tag's '>': not a tag (a cut file), left to hwloc
+    while (i < text.size() && text[i] != '>') {
+      if (text[i] == '<') {
+        cut = true;
+        break;
+      }
+      if (text[i] == '"' || text[i] == '\'') {
+        const auto close = text.find(text[i], i + 1);
+        if (close == std::string_view::npos) return ok_status();  // hwloc refuses it
+        i = close + 1;
+        continue;
+      }
+      if (std::isalpha(static_cast<unsigned char>(text[i])) || text[i] == '_') {
+        std::size_t end = i;
+        while (end < text.size() &&
+               (std::isalnum(static_cast<unsigned char>(text[end])) || text[end] == '_'))
+          ++end;
+        const std::string_view attribute = text.substr(i, end - i);
+        if (attribute == "cpuset") has[0] = true;
+        if (attribute == "complete_cpuset") has[1] = true;
+        if (attribute == "nodeset") has[2] = true;
+        if (attribute == "complete_nodeset") has[3] = true;
+        i = end;
+        continue;
+      }
+      ++i;
+    }
+    if (cut) continue;
+    const char* missing = has[0] && !has[1]   ? "cpuset without complete_cpuset"
+                          : has[2] && !has[3] ? "nodeset without complete_nodeset"
+                                              : nullptr;
+    if (missing != nullptr) {
+      const auto line = 1 + std::count(text.begin(), text.begin() + static_cast<long>(at), '\n');
+      return make_error(name + ":" + std::to_string(line) + ": an <object> with " + missing +
+                        " (hwloc writes both; hwloc 2.9 crashes on it)");
+    }
+  }
+  return ok_status();
+}
+
 // Checks hwloc cannot be trusted to report cleanly (its parsers may print to stderr or accept a
 // cut-off file): empty, binary, not XML, cut off, or hwloc XML version 3.
 Status check_xml_text(const std::string& xml, const std::string& name) {
@@ -641,7 +722,7 @@ Status check_xml_text(const std::string& xml, const std::string& name) {
   if (xml.size() >= static_cast<std::size_t>(INT32_MAX)) {
     return make_error(name + ": file too large for an hwloc xml topology");
   }
-  return ok_status();
+  return check_object_sets(xml, name);
 }
 
 }  // namespace
@@ -656,14 +737,29 @@ Result<NodeTopology> load_xml_buffer(const std::string& xml, const std::string& 
   if (Status checked = check_xml_text(xml, name); !checked) {
     return checked.error();
   }
+  auto import = [&](detail::HwlocTopology& topology) -> Status {
+    detail::configure(topology.get());
+    if (hwloc_topology_set_xmlbuffer(topology.get(), xml.c_str(),
+                                     static_cast<int>(xml.size() + 1)) != 0 ||
+        hwloc_topology_load(topology.get()) != 0) {
+      return make_error(name +
+                        ": hwloc cannot import this xml (corrupt or not an hwloc topology; " +
+                        "HWLOC_XML_VERBOSE=1 lstopo-no-graphics --input " + name + " says why)");
+    }
+    return ok_status();
+  };
+  // hwloc 2.9's core dereferences NULL bitmaps on more malformed shapes than check_xml_text
+  // knows (docs/fuzzing-findings.md): the import runs first as a crash probe in an isolated
+  // child, so that a new shape is one error line, not a dead process (slurmstepd, as root).
+  const Status probed = run_isolated(
+      [&]() -> Status {
+        detail::HwlocTopology probe;
+        return import(probe);
+      },
+      IsolationLimits{}, name);
+  if (!probed) return probed.error();
   detail::HwlocTopology topology;
-  detail::configure(topology.get());
-  if (hwloc_topology_set_xmlbuffer(topology.get(), xml.c_str(), static_cast<int>(xml.size() + 1)) !=
-          0 ||
-      hwloc_topology_load(topology.get()) != 0) {
-    return make_error(name + ": hwloc cannot import this xml (corrupt or not an hwloc topology; " +
-                      "HWLOC_XML_VERBOSE=1 lstopo-no-graphics --input " + name + " says why)");
-  }
+  if (Status imported = import(topology); !imported) return imported.error();
   return detail::convert(topology.get(), options, name);
 }
 

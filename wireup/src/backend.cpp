@@ -3,12 +3,10 @@
 
 #include "backends.hpp"
 
-extern char** environ;  // NOLINT: POSIX
-
 namespace topolaunch::wireup {
 namespace {
 
-bool has(const Env& env, const char* name) {
+bool has(const Environment& env, const char* name) {
   auto it = env.find(name);
   return it != env.end() && !it->second.empty();
 }
@@ -26,7 +24,7 @@ std::vector<std::string> compiled_backends() {
   return names;
 }
 
-Result<Backend> choose_backend(const Env& env) {
+Result<Backend> choose_backend(const Environment& env) {
   if (auto it = env.find("TOPOLAUNCH_WIREUP"); it != env.end() && !it->second.empty()) {
     if (it->second == "tcp") return Backend::tcp;
     if (it->second == "pmix") return Backend::pmix;
@@ -42,7 +40,8 @@ Result<Backend> choose_backend(const Env& env) {
       "--mpi=pmi2");
 }
 
-Result<std::unique_ptr<KvStore>> connect_from_env(const Env& env, milliseconds connect_timeout) {
+Result<std::unique_ptr<KvStore>> connect_from_env(const Environment& env,
+                                                  milliseconds connect_timeout) {
   auto backend = choose_backend(env);
   if (!backend) return backend.error();
   switch (*backend) {
@@ -54,17 +53,6 @@ Result<std::unique_ptr<KvStore>> connect_from_env(const Env& env, milliseconds c
       return detail::connect_pmi2(env, connect_timeout);
   }
   return make_error("unreachable wireup backend");
-}
-
-Env current_environment() {
-  Env env;
-  for (char** entry = environ; entry != nullptr && *entry != nullptr; ++entry) {
-    std::string_view text(*entry);
-    auto eq = text.find('=');
-    if (eq == std::string_view::npos) continue;
-    env.emplace(std::string(text.substr(0, eq)), std::string(text.substr(eq + 1)));
-  }
-  return env;
 }
 
 }  // namespace topolaunch::wireup

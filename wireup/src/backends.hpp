@@ -5,8 +5,8 @@
 
 namespace topolaunch::wireup::detail {
 
-Result<std::unique_ptr<KvStore>> connect_tcp(const Env& env, milliseconds connect_timeout);
-Result<std::unique_ptr<KvStore>> connect_pmix(const Env& env, milliseconds connect_timeout);
-Result<std::unique_ptr<KvStore>> connect_pmi2(const Env& env, milliseconds connect_timeout);
+Result<std::unique_ptr<KvStore>> connect_tcp(const Environment& env, milliseconds connect_timeout);
+Result<std::unique_ptr<KvStore>> connect_pmix(const Environment& env, milliseconds connect_timeout);
+Result<std::unique_ptr<KvStore>> connect_pmi2(const Environment& env, milliseconds connect_timeout);
 
 }  // namespace topolaunch::wireup::detail

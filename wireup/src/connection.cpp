@@ -12,8 +12,21 @@ namespace {
 using net::Clock;
 using proto::Op;
 
-// Replies can carry a whole value; the server's own limit is far lower (max_value_bytes).
+// Replies can carry a whole value; the server's own limit is far lower (max_value_bytes). Until
+// the server has proved the secret its frames are held to 64 KiB (a challenge, an auth_ok or a
+// refusal naming a relay's ranks), so that an impostor cannot make the client allocate and zero
+// 2 GiB with one header.
 constexpr std::size_t kMaxReplyPayload = std::size_t{1} << 31;
+constexpr std::size_t kMaxHandshakePayload = std::size_t{64} << 10;
+
+// A message from the server, as it may go into this process's error line: printable ASCII only
+// ('?' otherwise), at most 200 characters.
+std::string printable(std::string_view text) {
+  std::string out;
+  for (char c : text.substr(0, 200)) out += (c >= 0x20 && c <= 0x7e) ? c : '?';
+  if (text.size() > 200) out += "...";
+  return out;
+}
 // A blocking request's reply may arrive this long after its own timeout (server loop latency).
 constexpr milliseconds kReplyGrace{5000};
 // Longer timeouts are taken as "forever" (a year), keeping deadline arithmetic in range.
@@ -29,10 +42,11 @@ void StoreConnection::interrupt() {
   if (fd_.valid()) ::shutdown(fd_.get(), SHUT_RDWR);
 }
 
-Result<StoreConnection::Frame> StoreConnection::read_frame(Clock::time_point deadline) {
+Result<StoreConnection::Frame> StoreConnection::read_frame(Clock::time_point deadline,
+                                                           std::size_t max_payload) {
   Bytes header(proto::kHeaderBytes);
   if (auto r = net::recv_exact(fd_.get(), header, deadline); !r) return r.error();
-  auto decoded = proto::decode_header(header, kMaxReplyPayload);
+  auto decoded = proto::decode_header(header, max_payload);
   if (!decoded) return decoded.error();
   Frame frame{decoded->op, Bytes(decoded->payload_bytes)};
   if (auto r = net::recv_exact(fd_.get(), frame.payload, deadline); !r) return r.error();
@@ -53,12 +67,13 @@ Result<Bytes> StoreConnection::request(Op op, std::span<const std::byte> payload
   if (auto r = net::send_all(fd_.get(), proto::encode_frame(op, payload), deadline); !r) {
     return on_io_error(r.error());
   }
-  auto reply = read_frame(deadline + (blocking_for.count() > 0 ? kReplyGrace : milliseconds(0)));
+  auto reply = read_frame(deadline + (blocking_for.count() > 0 ? kReplyGrace : milliseconds(0)),
+                          kMaxReplyPayload);
   if (!reply) return on_io_error(reply.error());
   if (reply->op == Op::error) {
     proto::PayloadReader in(reply->payload);
     auto message = in.str();
-    return fail(message ? *message : "malformed error reply");
+    return fail(message ? printable(*message) : "malformed error reply");
   }
   if (reply->op != Op::ok)
     return on_io_error(make_error("unexpected reply " + std::string(proto::op_name(reply->op))));
@@ -66,7 +81,7 @@ Result<Bytes> StoreConnection::request(Op op, std::span<const std::byte> payload
 }
 
 Status StoreConnection::handshake(Clock::time_point deadline) {
-  auto challenge = read_frame(deadline);
+  auto challenge = read_frame(deadline, kMaxHandshakePayload);
   if (!challenge) return fail("handshake: " + challenge.error().message);
   proto::PayloadReader in(challenge->payload);
   auto server_nonce = in.bytes();
@@ -83,12 +98,12 @@ Status StoreConnection::handshake(Clock::time_point deadline) {
       !r) {
     return fail("handshake: " + r.error().message);
   }
-  auto reply = read_frame(deadline);
+  auto reply = read_frame(deadline, kMaxHandshakePayload);
   if (!reply) return fail("handshake: " + reply.error().message);
   proto::PayloadReader answer(reply->payload);
   if (reply->op == Op::error) {
     auto message = answer.str();
-    return fail("refused: " + (message ? *message : std::string("no reason given")));
+    return fail("refused: " + (message ? printable(*message) : std::string("no reason given")));
   }
   auto server_world_size = answer.i64();
   auto server_mac = answer.bytes();

@@ -50,7 +50,8 @@ class StoreConnection {
     proto::Op op;
     Bytes payload;
   };
-  Result<Frame> read_frame(net::Clock::time_point deadline);
+  // max_payload: the largest payload accepted (its buffer is allocated before it arrives).
+  Result<Frame> read_frame(net::Clock::time_point deadline, std::size_t max_payload);
   Status handshake(net::Clock::time_point deadline);
 
   StoreConnectionOptions options_;

@@ -2,6 +2,7 @@
 
 #include <array>
 #include <charconv>
+#include <cstdio>
 
 namespace topolaunch::wireup::pmi2 {
 namespace {
@@ -49,8 +50,13 @@ Result<Bytes> base64url_decode(std::string_view text) {
   int bits = 0;
   for (char c : text) {
     int v = sextet(c);
-    if (v < 0)
-      return make_error(std::string("pmi2 value: '") + c + "' is not a base64url character");
+    if (v < 0) {
+      // The text came from a peer: a control byte is named, never echoed into a log line.
+      const auto u = static_cast<unsigned char>(c);
+      char shown[16];
+      std::snprintf(shown, sizeof shown, u >= 0x21 && u <= 0x7e ? "'%c'" : "byte 0x%02x", u);
+      return make_error(std::string("pmi2 value: ") + shown + " is not a base64url character");
+    }
     acc = (acc << 6) | static_cast<unsigned>(v);
     bits += 6;
     if (bits >= 8) {

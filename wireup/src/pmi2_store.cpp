@@ -96,7 +96,7 @@ class Pmi2Store final : public KvStore {
 
 }  // namespace
 
-Result<std::unique_ptr<KvStore>> connect_pmi2(const Env&, milliseconds) {
+Result<std::unique_ptr<KvStore>> connect_pmi2(const Environment&, milliseconds) {
   return Pmi2Store::connect();
 }
 
@@ -105,7 +105,7 @@ Result<std::unique_ptr<KvStore>> connect_pmi2(const Env&, milliseconds) {
 #else
 
 namespace topolaunch::wireup::detail {
-Result<std::unique_ptr<KvStore>> connect_pmi2(const Env&, milliseconds) {
+Result<std::unique_ptr<KvStore>> connect_pmi2(const Environment&, milliseconds) {
   return make_error(
       "wireup pmi2: this topolaunch was built without PMI2 (libpmi2-0-dev was missing at build "
       "time); "

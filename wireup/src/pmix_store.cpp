@@ -12,7 +12,7 @@
 //     every node (Slurm's mpi/pmix does it between the slurmstepd), then each value is read from
 //     its owner in the local data store (PMIX_OPTIONAL: no request leaves the process).
 //   - The PMIx client library reads its connection info from the real process environment, not
-//     from the Env given to connect_from_env().
+//     from the Environment given to connect_from_env().
 #include <algorithm>
 #include <charconv>
 
@@ -198,7 +198,7 @@ class PmixStore final : public KvStore {
 
 }  // namespace
 
-Result<std::unique_ptr<KvStore>> connect_pmix(const Env&, milliseconds) {
+Result<std::unique_ptr<KvStore>> connect_pmix(const Environment&, milliseconds) {
   return PmixStore::connect();
 }
 
@@ -207,7 +207,7 @@ Result<std::unique_ptr<KvStore>> connect_pmix(const Env&, milliseconds) {
 #else
 
 namespace topolaunch::wireup::detail {
-Result<std::unique_ptr<KvStore>> connect_pmix(const Env&, milliseconds) {
+Result<std::unique_ptr<KvStore>> connect_pmix(const Environment&, milliseconds) {
   return make_error(
       "wireup pmix: this topolaunch was built without PMIx (libpmix-dev was missing at build "
       "time); "

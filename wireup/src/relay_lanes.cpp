@@ -6,6 +6,10 @@ namespace {
 // A lane retries a refused connection in short tries, so that stopping the relay never waits
 // for a whole connect timeout (the upstream relay may start after this one).
 constexpr milliseconds kConnectTry{200};
+// Once the upstream has been reached, a lane that loses its connection tries again for this
+// long at most: a store that was there and refuses now has gone (its host died), and the
+// relay's waiters must hear so, not wait out the whole connect timeout.
+constexpr milliseconds kReconnectWindow{3000};
 
 }  // namespace
 
@@ -73,7 +77,9 @@ void UpstreamLanes::serve(Lane& lane) {
     if (!lane.connection || lane.connection->broken()) {
       lane.connection.reset();
       lock.unlock();
-      auto deadline = net::Clock::now() + options_.connect_timeout;
+      auto deadline =
+          net::Clock::now() + (reached_ ? std::min(options_.connect_timeout, kReconnectWindow)
+                                        : options_.connect_timeout);
       Result<std::unique_ptr<StoreConnection>> opened = make_error("");
       do {
         auto attempt = options_;
@@ -87,6 +93,7 @@ void UpstreamLanes::serve(Lane& lane) {
       if (stopping_) return;
       if (opened) {
         lane.connection = std::move(*opened);
+        reached_ = true;
       } else {
         result = make_error("relay: cannot reach the upstream store: " + opened.error().message);
       }

@@ -57,6 +57,7 @@ class UpstreamLanes {
   std::vector<std::unique_ptr<Lane>> lanes_;
   std::size_t idle_ = 0;
   bool stopping_ = false;
+  bool reached_ = false;  // a lane has been connected upstream once
   std::uint64_t bytes_in_ = 0, bytes_out_ = 0;
 };
 

@@ -1,6 +1,5 @@
 // The TCP store client: one blocking connection, one request in flight.
 #include <algorithm>
-#include <charconv>
 
 #include "backends.hpp"
 #include "connection.hpp"
@@ -178,17 +177,10 @@ Result<bool> TcpStoreClient::remove(std::string_view key) {
 namespace detail {
 namespace {
 
-Result<int> int_from_env(const Env& env, std::initializer_list<const char*> names) {
+// The first of `names` that is set, strictly (common/env.hpp).
+Result<int> int_from_env(const Environment& env, std::initializer_list<const char*> names) {
   for (const char* name : names) {
-    auto it = env.find(name);
-    if (it == env.end() || it->second.empty()) continue;
-    int value = 0;
-    const auto& text = it->second;
-    auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), value);
-    if (ec != std::errc() || end != text.data() + text.size() || value < 0) {
-      return make_error(std::string(name) + "=" + text + ": not a non-negative integer");
-    }
-    return value;
+    if (env_value(env, name)) return env_int(env, name, 0);
   }
   return make_error(
       std::string(*names.begin()) + " (or " + *(names.end() - 1) +
@@ -197,7 +189,7 @@ Result<int> int_from_env(const Env& env, std::initializer_list<const char*> name
 
 }  // namespace
 
-Result<std::unique_ptr<KvStore>> connect_tcp(const Env& env, milliseconds connect_timeout) {
+Result<std::unique_ptr<KvStore>> connect_tcp(const Environment& env, milliseconds connect_timeout) {
   TcpStoreClientOptions options;
   auto addr = env.find(kStoreAddrEnv);
   if (addr == env.end() || addr->second.empty()) {

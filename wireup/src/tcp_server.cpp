@@ -50,6 +50,9 @@ constexpr std::size_t kMaxKeyBytes = 4096;
 constexpr std::size_t kRecvChunkBytes = 64 * 1024;
 constexpr std::size_t kMaxMissingListed = 16;
 constexpr std::size_t kMaxRelayPayload = std::size_t{1} << 31;
+// A relay holding a collective asks its upstream this often whether it is still there.
+constexpr std::chrono::milliseconds kUpstreamProbeEvery{1000};
+constexpr const char* kUpstreamProbeKey = "topolaunch/relay-probe";  // a key no one sets
 
 using SharedFrame = std::shared_ptr<const Bytes>;
 
@@ -268,9 +271,59 @@ class TcpStoreServer::Impl {
         flush_sets();
       }
       expire(Clock::now());
+      watch_upstream(Clock::now());
       sweep();
       publish_stats();
+      summarize_refusals(Clock::now(), false);
     }
+    summarize_refusals(Clock::now(), true);
+  }
+
+  // --- refused peers, logged without flooding the job's log (TcpStoreServerOptions::log) -----
+  enum class Refusal { secret, capacity, frame };
+
+  void log_refusal(Refusal kind, const std::string& line) {
+    const auto now = Clock::now();
+    if (refusals_.suppressed == 0 && refusals_.in_full > 0 &&
+        now - refusals_.last >= options_.refusal_summary_every)
+      refusals_.in_full = 0;  // quiet for a while: a new burst starts with lines of its own
+    refusals_.last = now;
+    if (refusals_.in_full < options_.refusals_in_full) {
+      ++refusals_.in_full;
+      options_.log(line);
+      if (refusals_.in_full == options_.refusals_in_full) {
+        char every[32];
+        std::snprintf(every, sizeof every, "%g",
+                      std::chrono::duration<double>(options_.refusal_summary_every).count());
+        options_.log(std::string("further refused peers are counted, one line every ") + every +
+                     " s");
+      }
+      return;
+    }
+    if (refusals_.suppressed == 0) refusals_.since = now;
+    ++refusals_.suppressed;
+    ++refusals_.by_kind[static_cast<int>(kind)];
+  }
+
+  void summarize_refusals(Clock::time_point now, bool final) {
+    if (refusals_.suppressed == 0 ||
+        (!final && now - refusals_.since < options_.refusal_summary_every))
+      return;
+    static constexpr const char* kKinds[] = {"wrong secret", "too many clients",
+                                             "bad frames or no authentication"};
+    std::string kinds;
+    for (int k = 0; k < 3; ++k) {
+      if (refusals_.by_kind[k] == 0) continue;
+      kinds += (kinds.empty() ? "" : ", ") + std::to_string(refusals_.by_kind[k]) + " " + kKinds[k];
+    }
+    char seconds[32];
+    std::snprintf(seconds, sizeof seconds, "%.1f",
+                  std::chrono::duration<double>(now - refusals_.since).count());
+    options_.log("refused " + std::to_string(refusals_.suppressed) + " more peer" +
+                 (refusals_.suppressed == 1 ? "" : "s") + " in " + seconds + " s: " + kinds);
+    refusals_.suppressed = 0;
+    refusals_.by_kind[0] = refusals_.by_kind[1] = refusals_.by_kind[2] = 0;
+    refusals_.since = now;
   }
 
   int poll_timeout_ms() const {
@@ -308,8 +361,8 @@ class TcpStoreServer::Impl {
       ::setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &send_buffer_bytes, sizeof send_buffer_bytes);
       ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
       if (conns_.size() >= options_.max_clients) {
-        options_.log("refused " + peer_name(fd) + ": too many clients (" +
-                     std::to_string(conns_.size()) + ")");
+        log_refusal(Refusal::capacity, "refused " + peer_name(fd) + ": too many clients (" +
+                                           std::to_string(conns_.size()) + ")");
         continue;
       }
       ConnId id = next_id_++;
@@ -380,8 +433,9 @@ class TcpStoreServer::Impl {
     auto expected = auth::client_proof(options_.secret, conn.server_nonce, *rank, *world_size);
     if (!auth::equal_constant_time(expected, *mac)) {
       ++counters_.refused_auth;
-      options_.log("refused " + conn.peer + " (claims rank " + std::to_string(*rank) +
-                   "): wrong secret, authentication failed");
+      log_refusal(Refusal::secret, "refused " + conn.peer + " (claims rank " +
+                                       std::to_string(*rank) +
+                                       "): wrong secret, authentication failed");
       reply_error(conn, "authentication failed: wrong secret (check TOPOLAUNCH_STORE_SECRET)");
       return close_after_reply(conn);
     }
@@ -744,6 +798,50 @@ class TcpStoreServer::Impl {
         });
   }
 
+  // A collective held here, waiting for a rank below this relay, sends nothing upstream until
+  // it is complete: an upstream that died meanwhile (its host killed) would go unnoticed until
+  // the waiters' deadlines (wireup.timeout). While one is held the relay asks upstream for
+  // something cheap once a second (the remove of a key no one sets, which reaches the root
+  // through every relay above); when that fails, every collective held here fails at once.
+  void watch_upstream(Clock::time_point now) {
+    if (!lanes_ || probe_in_flight_ || now < next_probe_) return;
+    const bool held = std::any_of(fences_.begin(), fences_.end(),
+                                  [](const auto& f) { return !f.second.forwarded; }) ||
+                      std::any_of(gathers_.begin(), gathers_.end(),
+                                  [](const auto& g) { return !g.second.forwarded; });
+    if (!held) return;
+    probe_in_flight_ = true;
+    next_probe_ = now + kUpstreamProbeEvery;
+    lanes_->submit(Op::remove, proto::PayloadWriter().str(kUpstreamProbeKey).take(),
+                   milliseconds(0), [this](Result<Bytes> result) {
+                     probe_in_flight_ = false;
+                     if (result) return;
+                     fail_held_collectives("relay: the upstream store at " + options_.upstream +
+                                           " is gone (" + result.error().message + ")");
+                   });
+  }
+
+  void fail_held_collectives(const std::string& message) {
+    options_.log(message);
+    const SharedFrame reply = error_frame(message);
+    for (auto it = fences_.begin(); it != fences_.end();) {
+      if (it->second.forwarded) {
+        ++it;
+        continue;
+      }
+      release(it->second.waiters, Waiting::fence, reply);
+      it = fences_.erase(it);
+    }
+    for (auto it = gathers_.begin(); it != gathers_.end();) {
+      if (it->second.forwarded) {
+        ++it;
+        continue;
+      }
+      release(it->second.waiters, Waiting::allgather, reply);
+      it = gathers_.erase(it);
+    }
+  }
+
   // Runs submit once every value set here so far has reached upstream: a collective or a counter
   // goes up behind the values it may depend on. Values are acknowledged here at once and go up
   // together, one set_many per round of the serving loop (flush_sets).
@@ -987,8 +1085,10 @@ class TcpStoreServer::Impl {
 
   void refuse(Conn& conn, const std::string& why) {
     ++counters_.refused_frames;
-    options_.log("refused " + conn.peer +
-                 (conn.rank >= 0 ? " (rank " + std::to_string(conn.rank) + ")" : "") + ": " + why);
+    log_refusal(Refusal::frame,
+                "refused " + conn.peer +
+                    (conn.rank >= 0 ? " (rank " + std::to_string(conn.rank) + ")" : "") + ": " +
+                    why);
     reply_error(conn, why);
     close_after_reply(conn);
   }
@@ -1099,12 +1199,21 @@ class TcpStoreServer::Impl {
   std::vector<std::pair<std::string, Bytes>> pending_sets_;  // relay: set here, not yet upstream
   int sets_in_flight_ = 0;                                   // relay: set_many batches upstream
   std::vector<std::function<void()>> behind_sets_;           // relay: waiting for them
-  std::string set_failure_;  // relay: why values set here did not reach upstream
+  std::string set_failure_;       // relay: why values set here did not reach upstream
+  bool probe_in_flight_ = false;  // relay: watch_upstream's request
+  Clock::time_point next_probe_{};
   std::unordered_map<std::string, std::set<ConnId>> key_waiters_;
   std::map<std::uint64_t, Fence> fences_;
   std::map<std::string, Gather> gathers_;
   std::map<int, ConnId> rank_conn_;
   std::set<int> departed_;
+  struct RefusalCounts {
+    std::size_t in_full = 0;     // lines of their own in this burst
+    std::size_t suppressed = 0;  // counted since `since`, not yet said
+    std::size_t by_kind[3] = {0, 0, 0};
+    Clock::time_point since, last;
+  };
+  RefusalCounts refusals_;
   // Written by the serving thread, read by stats() from any thread.
   struct Counters {
     std::atomic<std::size_t> clients{0}, peak_clients{0}, peak_rank_clients{0}, refused_auth{0},

@@ -1,5 +1,7 @@
-// GPT-2 124M training steps through the CUDA executor on one GPU (L=12, C=768, NH=12, V=50257
-// padded to 50304, T=1024, bf16 with fp32 master weights, AdamW, grad clip 1.0), random tokens.
+// GPT-2 training steps through the CUDA executor on one GPU (124M: L=12, C=768, NH=12; also 350M,
+// 774M, 1558M; V=50257 padded to 50304, T=1024, bf16 with fp32 master weights, AdamW, grad clip
+// 1.0), random tokens; and the ~1B LLaMA of configs/jobs/llama-1b-1gpu.toml (L=18, C=2048, 32
+// heads of 64 sharing 8 key/value heads, SwiGLU 5632, untied head, the same vocabulary and T).
 // Prints one JSON object per line (gpt2_torch.py adds the PyTorch peer from the same device run):
 //   {"bench":"gpt2_train", "batch":B, "mode":"graph"|"op_by_op", "budget_gib":0|16, ...}
 // with median and p90 step time (CUDA events between consecutive step launches, after warm-up),
@@ -7,10 +9,13 @@
 // what the process held before the executor existed) and, for the whole-step graph, its nodes;
 // and the attention implementation in use (own | cudnn), with the timings an auto choice made.
 //
-// usage: gpt2_bench [config ...]  where config = B:mode[:budget_gib][:attention][:nogelu],
-//        attention = auto (default) | own | cudnn, nogelu = the separate gelu kernels
-//        (CudaExecutorOptions::fuse_gelu off); default configs
-//        16:graph 64:graph 8:graph 8:op_by_op 64:graph:16
+// usage: gpt2_bench [config ...]  where config = B:mode[:budget_gib][:attention][:nogelu][:model],
+//        mode = graph | op_by_op | profile (op by op with an event pair per op: the step by op
+//        kind with bytes, FLOPs and the H200's bounds, one "gpt2_op_profile" line), attention =
+//        auto (default) | own | cudnn, nogelu = the separate gelu kernels
+//        (CudaExecutorOptions::fuse_gelu off), model = 124m (default) | 350m | 774m | 1558m |
+//        llama1b;
+//        default configs 16:graph 64:graph 8:graph 8:op_by_op 64:graph:16 16:profile
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -20,6 +25,7 @@
 #include <cstdlib>
 #include <map>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "cuda_backend.hpp"
@@ -41,6 +47,7 @@ struct Config {
   double budget_gib = 0;
   gpu::AttentionImpl attention = gpu::AttentionImpl::auto_select;
   bool fuse_gelu = true;
+  std::string model = "124m";  // GPT-2 124m | 350m | 774m | 1558m, or llama1b
 };
 
 Config parse(const std::string& s) {
@@ -67,6 +74,8 @@ Config parse(const std::string& s) {
         c.attention = gpu::AttentionImpl::auto_select;
       else if (f == "nogelu")
         c.fuse_gelu = false;
+      else if (f == "124m" || f == "350m" || f == "774m" || f == "1558m" || f == "llama1b")
+        c.model = f;
       else
         c.budget_gib = std::atof(f.c_str());
       at = next;
@@ -89,18 +98,186 @@ double percentile(std::vector<double> v, double p) {
   return v[lo] + (v[hi] - v[lo]) * (idx - static_cast<double>(lo));
 }
 
+// The H200's limits the profile compares against: HBM3e bandwidth by the datasheet, and the dense
+// bf16 GEMM rate measured on this kind of machine (8192^3 products, random data).
+constexpr double kHbmBytesPerS = 4.8e12;
+constexpr double kBf16FlopPerS = 790e12;
+
+// The bytes an op must move at the least (each operand read once, each output written once and
+// read too where it accumulates), and its floating-point work, as the executor runs it: `host` is
+// true for the op whose launch does the work, false for an op folded into another's launch (a
+// gelu in a GEMM epilogue, the crossentropy_backward of the fused classifier, an adamw of the
+// multi-tensor launch), which then adds only what the fused launch moves for it.
+struct Traffic {
+  double bytes = 0, flops = 0;
+  bool tensor_core = false;
+};
+Traffic op_traffic(const tk::Graph& g, const tk::Op& op, bool overwrites, bool host,
+                   bool dx_fused_away) {
+  auto bytes = [&](tk::TensorId t) { return static_cast<double>(g[t].bytes()); };
+  Traffic r;
+  r.flops = tk::op_flops(g, op);
+  const bool accumulates =
+      op.kind == tk::OpKind::layernorm_backward || op.kind == tk::OpKind::matmul_backward ||
+      op.kind == tk::OpKind::attention_backward || op.kind == tk::OpKind::gelu_backward ||
+      op.kind == tk::OpKind::residual_backward || op.kind == tk::OpKind::encoder_backward;
+  switch (op.kind) {
+    case tk::OpKind::matmul_forward:
+    case tk::OpKind::matmul_backward:
+    case tk::OpKind::attention_forward:
+    case tk::OpKind::attention_backward:
+      r.tensor_core = true;
+      break;
+    default:
+      break;
+  }
+  if (op.kind == tk::OpKind::zero) {
+    for (auto t : op.outputs) r.bytes += bytes(t);
+    return r;
+  }
+  if (!host) {  // folded into another op's launch: its outputs (and dgelu's pre-activation)
+    for (auto t : op.outputs) r.bytes += bytes(t);
+    if (op.kind == tk::OpKind::gelu_backward) r.bytes += bytes(op.inputs[1]);
+    if (op.kind == tk::OpKind::adamw) {  // the gradient; m, v and the master copy are read too
+      r.bytes += bytes(op.inputs[0]);
+      for (std::size_t k = 1; k < op.outputs.size(); ++k) r.bytes += bytes(op.outputs[k]);
+    }
+    return r;
+  }
+  for (auto t : op.inputs) r.bytes += bytes(t);
+  for (std::size_t k = 0; k < op.outputs.size(); ++k) {
+    const tk::TensorId t = op.outputs[k];
+    if (k == 0 && dx_fused_away) continue;  // dH of a DGELU GEMM is never written
+    r.bytes += bytes(t);
+    const bool read_too =
+        op.kind == tk::OpKind::adamw ? k >= 1 : accumulates && !(k == 0 && overwrites);
+    if (read_too) r.bytes += bytes(t);
+  }
+  if (op.kind == tk::OpKind::encoder_forward) {  // only the rows of wte the tokens pick
+    r.bytes -= bytes(op.inputs[1]);
+    r.bytes += bytes(op.outputs[0]);
+  }
+  if (op.kind == tk::OpKind::encoder_backward) {  // dwte: only the rows the tokens touch
+    const double rows = std::min<double>(static_cast<double>(g[op.inputs[1]].elements()),
+                                         static_cast<double>(g[op.outputs[0]].shape[0]));
+    r.bytes -= 2 * bytes(op.outputs[0]);
+    r.bytes += 2 * rows * static_cast<double>(g[op.outputs[0]].shape[1]) * 4;
+  }
+  return r;
+}
+
+// The last step's GPU time by op kind (CUDA events around each op, launched op by op), with the
+// bytes and FLOPs of each kind, the bandwidth or FLOP rate achieved and the time the H200's limits
+// allow (bound_ms = max(bytes / HBM bandwidth, FLOPs / bf16 rate for tensor-core ops)); one JSON
+// line. lm_head's GEMMs are a kind of their own.
+int print_op_profile(gpu::CudaExecutor& ex, int batch) {
+  auto times = ex.op_times_ms();
+  if (!times) {
+    std::fprintf(stderr, "gpt2_bench: %s\n", times.error().message.c_str());
+    return 1;
+  }
+  const tk::Graph& g = ex.plan().graph;
+  const auto& ops = g.ops;
+  struct Kind {
+    double ms = 0, bytes = 0, flops = 0;
+    int launches = 0, ops = 0;
+    bool tensor_core = false;
+  };
+  std::map<std::string, Kind> by_kind;
+  std::vector<std::string> kind_of(ops.size());
+  std::vector<std::uint8_t> dx_fused_away(ops.size(), 0);
+  for (std::size_t i = 0; i < ops.size(); ++i) {
+    const auto e = ex.execution_of(i);
+    if (e.runs_in != i && e.runs_in != gpu::CudaExecutor::kNotRun &&
+        ops[i].kind == tk::OpKind::gelu_backward)
+      dx_fused_away[e.runs_in] = 1;
+  }
+  for (std::size_t i = 0; i < ops.size(); ++i) {
+    std::string kind(tk::op_name(ops[i].kind));
+    if (ops[i].phase == tk::Phase::recompute) kind += " (recompute)";
+    if (ops[i].name == "lm_head" && ops[i].kind == tk::OpKind::matmul_forward) kind = "lm_head";
+    if (ops[i].name == "lm_head" && ops[i].kind == tk::OpKind::matmul_backward)
+      kind = "lm_head_backward";
+    kind_of[i] = kind;
+  }
+  double total = 0;
+  for (std::size_t i = 0; i < ops.size(); ++i) {
+    const auto e = ex.execution_of(i);
+    if (e.runs_in == gpu::CudaExecutor::kNotRun) continue;
+    Kind& k = by_kind[kind_of[e.runs_in]];  // folded work counts where it runs
+    const Traffic t = op_traffic(g, ops[i], e.overwrites, e.runs_in == i, dx_fused_away[i] != 0);
+    k.bytes += t.bytes;
+    k.flops += t.flops;
+    k.tensor_core = k.tensor_core || t.tensor_core;
+    k.ops += 1;
+    if (e.runs_in == i) {
+      k.ms += (*times)[i];
+      k.launches += 1;
+      total += (*times)[i];
+    }
+  }
+  double gemm_ms = 0, attention_ms = 0, other_ms = 0, other_bound_ms = 0;
+  std::printf(
+      "{\"bench\":\"gpt2_op_profile\",\"batch\":%d,\"step_ops_ms\":%.3f,"
+      "\"hbm_tb_s\":%.1f,\"bf16_tflop_s\":%.0f,\"by_kind\":{",
+      batch, total, kHbmBytesPerS / 1e12, kBf16FlopPerS / 1e12);
+  bool first = true;
+  for (const auto& [name, k] : by_kind) {
+    const double bound_ms =
+        std::max(k.bytes / kHbmBytesPerS, k.tensor_core ? k.flops / kBf16FlopPerS : 0.0) * 1e3;
+    const double s = k.ms / 1e3;
+    std::printf(
+        "%s\"%s\":{\"ms\":%.3f,\"ops\":%d,\"launches\":%d,\"bytes\":%.0f,\"flop\":%.0f,"
+        "\"tb_s\":%.3f,\"tflop_s\":%.1f,\"bound_ms\":%.3f,\"of_bound\":%.3f}",
+        first ? "" : ",", name.c_str(), k.ms, k.ops, k.launches, k.bytes, k.flops,
+        s > 0 ? k.bytes / s / 1e12 : 0.0, s > 0 ? k.flops / s / 1e12 : 0.0, bound_ms,
+        k.ms > 0 ? bound_ms / k.ms : 0.0);
+    first = false;
+    if (name.rfind("matmul", 0) == 0 || name.rfind("lm_head", 0) == 0)
+      gemm_ms += k.ms;
+    else if (name.rfind("attention", 0) == 0)
+      attention_ms += k.ms;
+    else {
+      other_ms += k.ms;
+      other_bound_ms += bound_ms;
+    }
+  }
+  std::printf(
+      "},\"gemm_ms\":%.3f,\"attention_ms\":%.3f,\"other_ms\":%.3f,"
+      "\"other_bound_ms\":%.3f}\n",
+      gemm_ms, attention_ms, other_ms, other_bound_ms);
+  std::fflush(stdout);
+  return 0;
+}
+
 int run(const Config& cfg) {
   const auto t_plan0 = std::chrono::steady_clock::now();
   tk::GptConfig c;
-  c.n_layer = 12;
-  c.n_embd = 768;
-  c.n_head = 12;
+  // GPT-2's sizes (layers, width, heads); T = 1024, vocabulary 50257 padded to 50304
+  const auto [L, C, NH] = cfg.model == "350m"    ? std::tuple{24, 1024, 16}
+                          : cfg.model == "774m"  ? std::tuple{36, 1280, 20}
+                          : cfg.model == "1558m" ? std::tuple{48, 1600, 25}
+                                                 : std::tuple{12, 768, 12};
+  c.n_layer = L;
+  c.n_embd = C;
+  c.n_head = NH;
   c.block_size = 1024;
   c.vocab_size = 50257;
   c.padded_vocab = 50304;
   c.batch = cfg.batch;
   c.seq_len = 1024;
-  tk::Graph g = tk::build_gpt2(c, tk::Precision::cuda_bf16());
+  tk::LlamaConfig lc;  // configs/jobs/llama-1b-1gpu.toml
+  lc.n_layer = 18;
+  lc.n_embd = 2048;
+  lc.n_head = 32;
+  lc.n_kv_head = 8;
+  lc.ffn_hidden = 5632;
+  lc.vocab_size = 50257;
+  lc.padded_vocab = 50304;
+  lc.batch = cfg.batch;
+  lc.seq_len = 1024;
+  tk::Graph g = cfg.model == "llama1b" ? tk::build_llama(lc, tk::Precision::cuda_bf16())
+                                       : tk::build_gpt2(c, tk::Precision::cuda_bf16());
   tk::append_backward(g);
   tk::append_optimizer(g);
   tk::PlanOptions po;
@@ -196,7 +373,7 @@ int run(const Config& cfg) {
   for (auto& ch : reason)
     if (ch == '"' || ch == '\\') ch = '\'';
   std::printf(
-      "{\"bench\":\"gpt2_train\",\"system\":\"topolaunch_cuda\",\"model\":\"gpt2-124m\",\"batch\":%"
+      "{\"bench\":\"gpt2_train\",\"system\":\"topolaunch_cuda\",\"model\":\"%s\",\"batch\":%"
       "d,"
       "\"seq_len\":1024,\"mode\":\"%s\",\"budget_gib\":%.2f,\"median_ms\":%.3f,\"p90_ms\":%.3f,"
       "\"tokens_per_s\":%.0f,\"arena_gib\":%.4f,\"unconstrained_arena_gib\":%.4f,"
@@ -205,47 +382,23 @@ int run(const Config& cfg) {
       "\"plan_s\":%.3f,\"first_step_s\":%.3f,\"loss_after_warmup\":%.4f,\"loss_last\":%.4f,"
       "\"grad_norm_last\":%.4f,\"timed_steps\":%d,\"attention\":{\"option\":\"%s\","
       "\"chosen\":\"%s\",\"own_fwd_ms\":%.4f,\"own_bwd_ms\":%.4f,\"cudnn_fwd_ms\":%.4f,"
-      "\"cudnn_bwd_ms\":%.4f,\"cudnn_workspace_bytes\":%zu,\"cudnn_backward_ops\":%d,"
+      "\"cudnn_bwd_ms\":%.4f,\"cudnn_workspace_bytes\":%zu,\"cudnn_workspace_planned\":%s,"
+      "\"cudnn_workspace_outside_arena_bytes\":%zu,\"cudnn_backward_ops\":%d,"
       "\"cudnn_version\":\"%s\",\"reason\":\"%s\"},\"fuse_gelu\":%s,\"gelu_ops_fused\":%zu}\n",
-      cfg.batch, cfg.graph ? "graph" : (cfg.profile ? "profile_op_by_op" : "op_by_op"),
-      cfg.budget_gib, med, p90, static_cast<double>(BT) / (med / 1e3),
-      static_cast<double>(mp.arena_bytes) / kGiB,
+      (cfg.model == "llama1b" ? std::string("llama-1b") : "gpt2-" + cfg.model).c_str(), cfg.batch,
+      cfg.graph ? "graph" : (cfg.profile ? "profile_op_by_op" : "op_by_op"), cfg.budget_gib, med,
+      p90, static_cast<double>(BT) / (med / 1e3), static_cast<double>(mp.arena_bytes) / kGiB,
       static_cast<double>(ex->plan().unconstrained.arena_bytes) / kGiB,
       static_cast<double>(mp.max_live_bytes) / kGiB, static_cast<double>(used) / kGiB,
       ex->plan().recompute.size(), 100.0 * ex->plan().extra_flops / ex->plan().step_flops,
       ex->graph_nodes(), host_enqueue_ms, plan_s, first_step_s, loss_warm, loss, norm, kTimedSteps,
       gpu::attention_impl_name(cfg.attention), gpu::attention_impl_name(ac.chosen), ac.own_fwd_ms,
       ac.own_bwd_ms, ac.cudnn_fwd_ms, ac.cudnn_bwd_ms, ac.cudnn_workspace_bytes,
+      ac.cudnn_workspace_planned ? "true" : "false", ex->memory().attention_workspace_bytes,
       ac.cudnn_backward_ops, ac.cudnn_version.c_str(), reason.c_str(),
       cfg.fuse_gelu ? "true" : "false", ex->gelu_ops_fused());
   std::fflush(stdout);
-  if (cfg.profile) {
-    // The last step's GPU time by op kind (events around each op, launched op by op).
-    auto times = ex->op_times_ms();
-    if (!times) return 1;
-    const auto& ops = ex->plan().graph.ops;
-    std::map<std::string, std::pair<double, int>> by_kind;
-    double total = 0;
-    for (std::size_t i = 0; i < ops.size(); ++i) {
-      if ((*times)[i] <= 0) continue;
-      std::string kind(tk::op_name(ops[i].kind));
-      if (ops[i].phase == tk::Phase::recompute) kind += " (recompute)";
-      if (ops[i].kind == tk::OpKind::matmul_forward && ops[i].name == "lm_head") kind = "lm_head";
-      by_kind[kind].first += (*times)[i];
-      by_kind[kind].second += 1;
-      total += (*times)[i];
-    }
-    std::printf("{\"bench\":\"gpt2_op_profile\",\"batch\":%d,\"step_ops_ms\":%.3f,\"by_kind\":{",
-                cfg.batch, total);
-    bool first = true;
-    for (const auto& [kind, v] : by_kind) {
-      std::printf("%s\"%s\":{\"ms\":%.3f,\"ops\":%d}", first ? "" : ",", kind.c_str(), v.first,
-                  v.second);
-      first = false;
-    }
-    std::printf("}}\n");
-    std::fflush(stdout);
-  }
+  if (cfg.profile && print_op_profile(*ex, cfg.batch) != 0) return 1;
   for (auto& e : ev) cudaEventDestroy(e);
   return 0;
 }

@@ -16,74 +16,11 @@
 #include <vector>
 
 #include "catch.hpp"
+#include "worker_process.hpp"
 
-namespace fs = std::filesystem;
+using namespace worker_process;
 
 namespace {
-
-std::string worker_path() {
-  const char* p = std::getenv("TOPOLAUNCH_WORKER");
-  if (p == nullptr) FAIL("TOPOLAUNCH_WORKER is not set (meson passes the built topolaunch-worker)");
-  return p;
-}
-
-std::string read_file(const fs::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
-
-struct TempDir {
-  fs::path path;
-  TempDir() {
-    std::string tmpl = (fs::temp_directory_path() / "tl-kernels-XXXXXX").string();
-    path = ::mkdtemp(tmpl.data());
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
-};
-
-using Env = std::vector<std::pair<std::string, std::string>>;
-
-// Starts the worker with stdout+stderr into `log`; returns its pid.
-pid_t spawn(const std::vector<std::string>& args, const Env& env, const fs::path& log) {
-  std::string exe = worker_path();  // in the parent: a failure must not happen in the child
-  const pid_t pid = ::fork();
-  if (pid == 0) {
-    const int fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    ::dup2(fd, 1);
-    ::dup2(fd, 2);
-    for (const auto& [k, v] : env) ::setenv(k.c_str(), v.c_str(), 1);
-    std::vector<char*> argv;
-    argv.push_back(exe.data());
-    std::vector<std::string> copy = args;
-    for (auto& a : copy) argv.push_back(a.data());
-    argv.push_back(nullptr);
-    ::execv(exe.c_str(), argv.data());
-    ::_exit(127);
-  }
-  return pid;
-}
-
-int wait_exit(pid_t pid) {
-  int status = 0;
-  ::waitpid(pid, &status, 0);
-  if (WIFEXITED(status)) return WEXITSTATUS(status);
-  return 128 + WTERMSIG(status);
-}
-
-struct Result {
-  int exit_code;
-  std::string output;
-};
-
-Result run(const std::vector<std::string>& args, const Env& env, const fs::path& log) {
-  const int code = wait_exit(spawn(args, env, log));
-  return {code, read_file(log)};
-}
 
 // A tiny GPT on Jane Austen (character level): fast enough for CI on 2 busy cores.
 fs::path write_job(const fs::path& dir, const std::string& extra_model = "",
@@ -101,29 +38,6 @@ fs::path write_job(const fs::path& dir, const std::string& extra_model = "",
        "true\ngrad_accum = 1\n"
     << "checkpoint_dir = \"" << (dir / "ckpt").string() << "\"\n";
   return p;
-}
-
-std::vector<std::string> metric_losses(const fs::path& metrics) {
-  std::vector<std::string> losses;
-  std::istringstream in(read_file(metrics));
-  std::string line;
-  while (std::getline(in, line)) {
-    const auto a = line.find("\"loss\":") + 7;
-    losses.push_back(line.substr(a, line.find(',', a) - a));
-  }
-  return losses;
-}
-
-std::size_t count_lines(const fs::path& p) {
-  const std::string s = read_file(p);
-  return static_cast<std::size_t>(std::count(s.begin(), s.end(), '\n'));
-}
-
-int free_port_base() { return 20000 + static_cast<int>(::getpid() % 20000); }
-
-void require_janeaustenr() {
-  if (!fs::exists("/usr/lib/R/site-library/janeaustenr/data/Rdata.rdb"))
-    FAIL("Debian package r-cran-janeaustenr is not installed (apt-get install r-cran-janeaustenr)");
 }
 
 }  // namespace
@@ -235,7 +149,9 @@ TEST_CASE(
   const auto at = resumed.output.find("at step ");
   REQUIRE(at != std::string::npos);
   const std::size_t k = std::stoul(resumed.output.substr(at + 8));
-  REQUIRE(k >= 5);
+  // 6 steps logged, a checkpoint after each: 4 is complete; 5's may still be in flight on the
+  // asynchronous writer (one write at a time), and a kill then leaves only its temporary.
+  REQUIRE(k >= 4);
   const auto a = metric_losses(d.path / "ref.jsonl"), b = metric_losses(resumed_metrics);
   REQUIRE(b.size() == 30 - k);
   for (std::size_t i = 0; i < b.size(); ++i) CHECK(a[k + i] == b[i]);
@@ -254,7 +170,9 @@ TEST_CASE("bad input exits 2 with one clear line") {
     const fs::path job = write_job(d.path, "kind = \"rnn\"");
     const auto r = run({job.string()}, {}, d.path / "log");
     CHECK(r.exit_code == 2);
-    CHECK_THAT(r.output, Catch::Contains("job.toml:6:8: model.kind: unknown model kind \"rnn\""));
+    CHECK_THAT(r.output,
+               Catch::Contains("job.toml:6:8: model.kind: \"rnn\" is not one of \"gpt2\", "
+                               "\"llama\", \"mlp\""));
   }
   SECTION("empty data file") {
     std::ofstream(d.path / "empty.txt").close();
@@ -280,7 +198,7 @@ TEST_CASE(
   TempDir d;
   const fs::path job = write_job(d.path);
   REQUIRE(run({"--set", "train.steps=2", job.string()}, {}, d.path / "first.log").exit_code == 0);
-  const fs::path ckpt = d.path / "ckpt" / "checkpoint.bin";
+  const fs::path ckpt = d.path / "ckpt" / "checkpoint-000000000002.bin";  // the only generation
   REQUIRE(fs::exists(ckpt));
   const std::string good = read_file(ckpt);
   SECTION("another model") {

@@ -1,5 +1,6 @@
 // Data parallel over the RDMA module's UCX host collectives, wired up through a real TCP store (as
-// the launcher's agent hosts it): 2 ranks x batch 2 == 1 rank x batch 4.
+// the launcher's agent hosts it): 2 ranks x batch 2 == 1 rank x batch 4; sharded (reduce-scatter,
+// all-gather) == unsharded at 3 ranks.
 #include <fcntl.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -115,6 +116,60 @@ TEST_CASE(
     // The per-step statistics go through the fp32 host collective: compare at fp32 resolution
     // on top of the 1e-5 the gradients allow.
     CHECK(std::abs(a[i] - b[i]) <= 1e-5 * std::abs(a[i]));
+  }
+  std::error_code ec;
+  fs::remove_all(dir, ec);
+}
+
+TEST_CASE(
+    "sharded data parallel over UCX: 3 ranks with shard = \"parameters\" give the losses of 3 "
+    "unsharded ranks bit for bit") {
+  const char* exe_env = std::getenv("TOPOLAUNCH_WORKER");
+  if (exe_env == nullptr)
+    FAIL("TOPOLAUNCH_WORKER is not set (meson passes the built topolaunch-worker)");
+  if (!fs::exists("/usr/lib/R/site-library/janeaustenr/data/Rdata.rdb"))
+    FAIL("r-cran-janeaustenr is not installed (apt-get install r-cran-janeaustenr)");
+  std::string tmpl = (fs::temp_directory_path() / "tl-kucx-XXXXXX").string();
+  const fs::path dir = ::mkdtemp(tmpl.data());
+  const fs::path job = dir / "job.toml";
+  std::ofstream(job) << "[model]\nkind = \"llama\"\nn_layer = 2\nn_embd = 32\nn_head = 4\n"
+                        "n_kv_head = 2\nblock_size = 16\n[data]\nkind = \"janeaustenr\"\n"
+                        "[train]\nbatch = 2\nseq_len = 16\nsteps = 8\nlearning_rate = 3e-3\n"
+                        "grad_accum = 1\nresume = false\n";
+  auto run3 = [&](const std::string& shard) {
+    topolaunch::wireup::TcpStoreServerOptions so;
+    so.secret = "kernels-test-secret";
+    so.world_size = 3;
+    auto server = topolaunch::wireup::TcpStoreServer::start(so);
+    REQUIRE(server.ok());
+    std::vector<pid_t> pids;
+    for (int r = 0; r < 3; ++r)
+      pids.push_back(spawn_worker(
+          exe_env,
+          {"--set", "train.shard=\"" + shard + "\"", "--set",
+           "train.checkpoint_dir=\"" + (dir / shard).string() + "\"", "--set",
+           "train.metrics_file=\"" + (dir / (shard + ".jsonl")).string() + "\"", job.string()},
+          {{"TOPOLAUNCH_STORE_ADDR", (*server)->address()},
+           {"TOPOLAUNCH_STORE_SECRET", so.secret},
+           {"TOPOLAUNCH_RANK", std::to_string(r)},
+           {"TOPOLAUNCH_WORLD_SIZE", "3"},
+           {"TOPOLAUNCH_KERNELS_COMM", "ucx"},
+           {"UCX_TLS", "tcp,self"}},
+          dir / (shard + "-" + std::to_string(r) + ".log")));
+    for (std::size_t r = 0; r < pids.size(); ++r) {
+      const int code = wait_exit(pids[r]);
+      INFO(slurp(dir / (shard + "-" + std::to_string(r) + ".log")));
+      REQUIRE(code == 0);
+    }
+  };
+  run3("none");
+  run3("parameters");
+  const auto a = losses(dir / "none.jsonl"), b = losses(dir / "parameters.jsonl");
+  REQUIRE(a.size() == 8);
+  REQUIRE(b.size() == 8);
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    INFO("step " << i + 1);
+    CHECK(a[i] == b[i]);
   }
   std::error_code ec;
   fs::remove_all(dir, ec);

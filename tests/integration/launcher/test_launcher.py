@@ -128,7 +128,8 @@ def case_env_and_exchange():
                          "env TORCHELASTIC_MAX_RESTARTS=0", f"env TOPOLAUNCH_RANK={r}",
                          "env TOPOLAUNCH_STORE_SECRET=<set>", "env TOPOLAUNCH_ATTEMPT=0",
                          "env TEST_WORKER_GREETING=hello",
-                         f"env TOPOLAUNCH_MEMORY_BUDGET_BYTES={256 << 20}",
+                         # [budget] memory is set, but budgets travel in the job file only
+                         "env TOPOLAUNCH_MEMORY_BUDGET_BYTES=<unset>",
                          "exchange 4/4"]:
             check(expected in log, f"rank {r}: '{expected}' missing from its log:\n{log}")
         check(f"[rank {r}] exchange 4/4" in out, f"merged stream lacks rank {r}'s exchange")
@@ -199,6 +200,22 @@ def case_heartbeat_timeout():
     check(elapsed < 1 + 3 + 3, f"hang detected late: {elapsed:.1f}s")
     assert_nothing_left(proc.pid)
     print(f"hung rank stopped {elapsed:.2f}s after start (timeout 1s)")
+
+
+def case_heartbeat_unarmed():
+    # A program never told to beat (here a shell) outlives heartbeat_timeout four times over and
+    # is not killed: its watch is armed only by a first beat.
+    config = write_config(extra_job='heartbeat_timeout = "500ms"')
+    env = dict(os.environ, **{MARKER: marker_value})
+    proc = subprocess.run([TOPOLAUNCH, "run", config, "--job-dir", os.path.join(TMP, "job"), "--",
+                           "/bin/sh", "-c", "sleep 2; echo rank $RANK done"],
+                          env=env, capture_output=True, text=True, timeout=60)
+    check(proc.returncode == 0, f"exit {proc.returncode}\n{proc.stderr}")
+    check(proc.stdout.count(" done") == 4, proc.stdout)
+    watch = [l for l in proc.stderr.splitlines() if l.startswith("topolaunch: hang watch:")]
+    check(len(watch) == 1 and "armed at each rank's first beat" in watch[0] and
+          "a rank of sh that never beats is not watched" in watch[0], proc.stderr)
+    print(watch[0])
 
 
 def case_sigusr1_requeue():
@@ -306,6 +323,31 @@ def case_gpu_memory_budget():
     check("not watched" not in err, err)
     assert_nothing_left(proc.pid)
     print("stopped:", cause["what"])
+
+
+def case_gpu_energy():
+    """The energy NVML counts on the GPUs the ranks use (the fake's 100 W from its clock): in the
+    node's usage and the job's cost, per GPU."""
+    usage = os.path.join(TMP, "gpu-usage")
+    open(usage, "w").close()
+    config = write_config(extra='[cost]\ngpu_hour = 2.5\n')
+    proc = start(config, "--sleep", "2", extra_env=nvml_env(usage))
+    pids = wait_started()
+    with open(usage + ".tmp", "w") as f:
+        f.write(f"0 {pids[0]} {1 << 20}\n1 {pids[1]} {1 << 20}\n")
+    os.rename(usage + ".tmp", usage)
+    rc, out, err = finish(proc, timeout=30)
+    check(rc == 0, f"exit {rc}\n{err}")
+    rep = report()
+    node = rep["attempts"][0]["nodes"][0]
+    wall = rep["attempts"][0]["wall_s"]
+    check(len(node["gpu_energy_j"]) == 2, f"energy of the 2 GPUs the ranks used: {node}")
+    for j in node["gpu_energy_j"]:
+        check(0.8 * 100 * wall < j < 1.2 * 100 * wall + 20, f"{j} J at 100 W over {wall:.2f} s")
+    energy = rep["cost"]["energy"]
+    check(energy["gpu_j"] == sum(node["gpu_energy_j"]) and len(energy["per_gpu"]) == 2, energy)
+    check("energy: GPUs" in err and "J (NVML)" in err, err[-1500:])
+    print("ok:", node["gpu_energy_j"], "J over", wall, "s")
 
 
 def case_gpu_memory_unwatched():

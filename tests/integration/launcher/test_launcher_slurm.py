@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """`topolaunch run` inside sbatch on the local 4-node Slurm test cluster (tests/slurm/).
 
-usage: test_launcher_slurm.py TOPOLAUNCH TEST_WORKER SOURCE_ROOT CASE
+usage: test_launcher_slurm.py TOPOLAUNCH TEST_WORKER SOURCE_ROOT CASE [SPANK_PLUGIN]
 Starts a private cluster (tests/slurm/cluster-start), runs the case, stops the cluster.
 Cases: env_4x2 (4 nodes x 2 ranks: env per rank, store exchange, report), kill9 (kill -9 one
 worker: every worker gone within 5 s, root cause named), usr1 (scancel --signal=USR1 JOBID, i.e. the job step:
@@ -9,7 +9,9 @@ workers checkpoint, exit status 3 for requeue), wireup_pmi2 / wireup_pmix / wire
 agents exchange through srun --mpi=pmi2 / pmix / the TCP store; env per rank as env_4x2, the report and every
 agent's log line name the backend, workers see no PMI variables), preflight_quick ([rdma]
 preflight on nodes without RDMA NICs: one line per agent, the job runs), preflight_missing_nic (a
-NIC named that does not exist: exit 2 before any worker, root cause named, no restart).
+NIC named that does not exist: exit 2 before any worker, root cause named, no restart), mpi4py
+(an MPI program: the right allreduce on 2 nodes under srun --mpi=pmix --topolaunch=auto, refused
+with one line under topolaunch run).
 """
 import json
 import os
@@ -21,6 +23,8 @@ import tempfile
 import time
 
 TOPOLAUNCH, WORKER, ROOT, CASE = [os.path.abspath(a) for a in sys.argv[1:4]] + [sys.argv[4]]
+# The SPANK plugin, for the cases that run srun --topolaunch=auto ("" = a cluster without it).
+PLUGIN = os.path.abspath(sys.argv[5]) if len(sys.argv) > 5 else ""
 TMP = tempfile.mkdtemp(prefix="topolaunch-slurm-")
 os.chmod(TMP, 0o755)
 CLUSTER = os.path.join(TMP, "cluster")
@@ -233,16 +237,62 @@ def case_usr1():
         check("checkpointed" in log_of(r), f"rank {r} did not checkpoint:\n{log_of(r)}")
 
 
+def case_mpi4py():
+    # An MPI program on 2 nodes: under srun --mpi=pmix --topolaunch=auto (the plugin binds each
+    # task) the allreduce is right; the same program under topolaunch run in the same allocation
+    # is refused before it computes (each rank would be a one-process MPI job).
+    offered = srun_mpi_plugins()
+    check("pmix" in offered, f"the test cluster's srun offers no pmix plugin: {offered}")
+    python = next((p for p in (sys.executable, "/usr/bin/python3")
+                   if subprocess.run([p, "-c", "import mpi4py"],
+                                     capture_output=True).returncode == 0), None)
+    check(python, "no python3 here can import mpi4py (apt-get install python3-mpi4py)")
+    program = os.path.join(ROOT, "tests", "integration", "foreign", "mpi_allreduce.py")
+    config = os.path.join(TMP, "mpi.toml")
+    with open(config, "w") as f:
+        f.write('[job]\nname = "mpi"\nranks_per_node = 1\n[mapping]\noversubscribe = true\n'
+                '[rdma]\npreflight = "off"\n')
+    script = os.path.join(TMP, "mpi.sbatch")
+    with open(script, "w") as f:
+        f.write(f"""#!/bin/bash
+#SBATCH -N 2
+#SBATCH -o {TMP}/out.txt
+srun --mpi=pmix --topolaunch=auto -N2 --ntasks-per-node=1 {python} {program} > {TMP}/srun.txt 2>&1
+echo "srun exit $?"
+{TOPOLAUNCH} run {config} --job-dir {JOB_DIR} --topology {CLUSTER}/topo/%n.xml -- {python} {program}
+echo "topolaunch exit $?"
+""")
+    subprocess.run(["sbatch", "--parsable", "--wait", script], env=slurm_env(),
+                   capture_output=True, text=True, timeout=240)
+    out = output()
+    with open(os.path.join(TMP, "srun.txt")) as f:
+        srun_out = f.read()
+    check("srun exit 0" in out, f"{out[-2000:]}\n{srun_out[-2000:]}")
+    results = sorted(l for l in srun_out.splitlines() if ": allreduce " in l)
+    check(len(results) == 2 and all("of 2 on " in l and "allreduce 3 (expected 3)" in l
+                                     for l in results), srun_out[-2000:])
+    check(len({l.split(" on ")[1].split(":")[0] for l in results}) == 2,
+          f"the two ranks ran on one node: {results}")
+    print("\n".join(results))
+    check("topolaunch exit 2" in out, out[-3000:])
+    check(not any(": allreduce " in log_of(r) for r in range(2)), "a rank computed as a singleton")
+    said = [l for l in out.splitlines() if "root cause:" in l]
+    check(len(said) == 1 and "topolaunch run is not an MPI launcher" in said[0] and
+          "srun --mpi=pmix --topolaunch=auto" in said[0], out[-3000:])
+    print(said[0].strip())
+
+
 try:
-    proc = subprocess.run([os.path.join(ROOT, "tests", "slurm", "cluster-start"), CLUSTER],
-                          capture_output=True, text=True, timeout=180)
+    proc = subprocess.run([os.path.join(ROOT, "tests", "slurm", "cluster-start"), CLUSTER]
+                          + ([PLUGIN] if PLUGIN else []), capture_output=True, text=True,
+                          timeout=180)
     if proc.returncode != 0:
         print("FAIL: cluster-start:", proc.stderr.strip()[-1000:])
         sys.exit(1)
     {"env_4x2": case_env_4x2, "kill9": case_kill9, "usr1": case_usr1,
      "wireup_pmi2": case_wireup_pmi2, "wireup_pmix": case_wireup_pmix,
      "wireup_tcp": case_wireup_tcp, "preflight_quick": case_preflight_quick,
-     "preflight_missing_nic": case_preflight_missing_nic}[CASE]()
+     "preflight_missing_nic": case_preflight_missing_nic, "mpi4py": case_mpi4py}[CASE]()
     print("PASS", CASE)
 finally:
     stop_cluster()

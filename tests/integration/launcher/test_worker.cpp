@@ -3,7 +3,7 @@
 //   --exchange            put "greeting/<rank>", fence, read every other rank's greeting
 //   --sleep S             run for S seconds (beating every 50 ms)
 //   --fail-rank R         rank R exits with --exit-code (default 3) after --fail-after seconds
-//   --hang-rank R         rank R stops beating (and keeps sleeping)
+//   --hang-rank R         rank R stops beating after two beats (and keeps sleeping)
 //   --alloc-rank R        rank R allocates and touches --alloc-mib MiB
 //   --child-alloc-mib M   rank --alloc-rank forks a child that leaves the process group and
 //                         allocates M MiB (the agent must count the rank's whole tree)
@@ -24,7 +24,8 @@
 #include <thread>
 #include <vector>
 
-#include "topolaunch/launcher/heartbeat.hpp"
+#include "topolaunch/common/env.hpp"
+#include "topolaunch/jobspec/worker_contract.hpp"
 #include "topolaunch/wireup/kv_store.hpp"
 
 namespace {
@@ -75,8 +76,15 @@ int main(int argc, char** argv) {
     }
   }
   std::signal(SIGUSR1, on_usr1);
-  const int rank = std::atoi(env_or("RANK", "-1").c_str());
-  const int attempt = std::atoi(env_or("TOPOLAUNCH_ATTEMPT", "0").c_str());
+  const auto rank_r = topolaunch::env_int("RANK", -1);
+  const auto attempt_r = topolaunch::env_int("TOPOLAUNCH_ATTEMPT", 0);
+  for (const auto* r : {&rank_r, &attempt_r}) {
+    if (!*r) {
+      std::fprintf(stderr, "test_worker: %s\n", r->error().message.c_str());
+      return 2;
+    }
+  }
+  const int rank = *rank_r, attempt = *attempt_r;
   const bool misbehave = fail_attempt < 0 || fail_attempt == attempt;
 
   for (const char* name : {"RANK",
@@ -121,7 +129,7 @@ int main(int argc, char** argv) {
   std::fflush(stdout);
 
   if (exchange) {
-    auto store = topolaunch::wireup::connect_from_env(topolaunch::wireup::current_environment());
+    auto store = topolaunch::wireup::connect_from_env(topolaunch::current_environment());
     if (!store) {
       std::fprintf(stderr, "test_worker: store: %s\n", store.error().message.c_str());
       return 4;
@@ -165,7 +173,7 @@ int main(int argc, char** argv) {
     std::this_thread::sleep_for(std::chrono::seconds(30));
   }
 
-  topolaunch::launcher::Heartbeat heartbeat;
+  topolaunch::jobspec::HeartbeatWriter heartbeat;
   const auto start = std::chrono::steady_clock::now();
   std::uint64_t step = 0;
   while (std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() <
@@ -182,7 +190,9 @@ int main(int argc, char** argv) {
       std::fprintf(stderr, "rank %d failing on purpose with %d\n", rank, exit_code);
       return exit_code;
     }
-    if (!(misbehave && rank == hang_rank)) heartbeat.beat(++step);
+    // A hung rank beats twice, then stops: a program that never beat is never declared hung.
+    ++step;
+    if (!(misbehave && rank == hang_rank && step > 2)) heartbeat.beat(step);
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
   if (g_usr1) {

@@ -91,6 +91,28 @@ int run_allreduce(HostCommunicator& comm, const std::vector<std::size_t>& sizes)
                         ", expected " + std::to_string(expected),
                     1);
     }
+    // Reduce-scatter: this rank's segment holds the sum; all-gather: every segment is its rank's.
+    const std::size_t r = static_cast<std::size_t>(comm.rank()), w = static_cast<std::size_t>(n);
+    const std::size_t s0 = count * r / w, s1 = count * (r + 1) / w;
+    for (std::size_t i = 0; i < count; ++i)
+      data[i] = rank_weight * static_cast<float>(int(i % 7) - 3);
+    if (auto st = comm.reduce_scatter_sum(data.data(), count); !st)
+      return fail(st.error().message, 3);
+    for (std::size_t i = s0; i < s1; ++i)
+      if (data[i] != weight_sum * static_cast<float>(int(i % 7) - 3))
+        return fail("reduce-scatter of " + std::to_string(count) + " elements: element " +
+                        std::to_string(i) + " of rank " + std::to_string(r) + "'s segment is wrong",
+                    1);
+    std::vector<double> owned(count, -1.0);
+    for (std::size_t i = s0; i < s1; ++i) owned[i] = static_cast<double>(r) + 0.5;
+    if (auto st = comm.allgather(owned.data(), count, sizeof(double)); !st)
+      return fail(st.error().message, 3);
+    for (std::size_t q = 0; q < w; ++q)
+      for (std::size_t i = count * q / w; i < count * (q + 1) / w; ++i)
+        if (owned[i] != static_cast<double>(q) + 0.5)
+          return fail("all-gather of " + std::to_string(count) + " doubles: element " +
+                          std::to_string(i) + " is not rank " + std::to_string(q) + "'s",
+                      1);
     std::printf("verified allreduce count=%zu fp32_seconds=%.6f\n", count, secs);
   }
   return 0;

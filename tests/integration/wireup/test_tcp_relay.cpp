@@ -268,6 +268,43 @@ TEST_CASE("a relay whose upstream never comes fails the next fence with that rea
   CHECK(std::chrono::steady_clock::now() - start < 1000ms);
 }
 
+TEST_CASE("a relay holding an allgather fails it within seconds once its upstream is gone") {
+  // Ranks 0 and 1 wait at relay A for rank 2, which never comes; nothing of the allgather has
+  // gone upstream when the root's host dies. The waiters hear it from A's watch of its upstream,
+  // long before their own deadline or A's connect timeout.
+  Log log;
+  auto root = root_store(3, log);
+  TcpStoreServerOptions options;
+  options.secret = kSecret;
+  options.world_size = 3;
+  options.upstream = root->address();
+  options.ranks = {0, 1, 2};
+  options.upstream_connect_timeout = 60000ms;
+  options.log = log.sink();
+  auto a = TcpStoreServer::start(options);
+  REQUIRE(a.ok());
+  auto c0 = client(**a, 0, 3);
+  auto c1 = client(**a, 1, 3);
+  auto wait0 = std::async(std::launch::async,
+                          [&] { return c0->allgather("held", bytes_of("zero"), 60000ms); });
+  auto wait1 = std::async(std::launch::async,
+                          [&] { return c1->allgather("held", bytes_of("one"), 60000ms); });
+  std::this_thread::sleep_for(1500ms);  // A has reached its upstream by now (its first probe)
+  CHECK(wait0.wait_for(0ms) == std::future_status::timeout);
+  const auto died = std::chrono::steady_clock::now();
+  root->stop();
+  root.reset();
+  for (auto* waiting : {&wait0, &wait1}) {
+    REQUIRE(waiting->wait_for(10s) == std::future_status::ready);
+    auto result = waiting->get();
+    REQUIRE_FALSE(result.ok());
+    INFO(result.error().message);
+    CHECK(result.error().message.find("relay: the upstream store at " + options.upstream +
+                                      " is gone") != std::string::npos);
+  }
+  CHECK(std::chrono::steady_clock::now() - died < 6s);
+}
+
 TEST_CASE("a listener opened first takes clients that connect before its server starts") {
   auto listener = TcpStoreListener::open("127.0.0.1");
   REQUIRE(listener.ok());

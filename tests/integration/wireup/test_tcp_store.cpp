@@ -11,11 +11,14 @@
 
 #include <atomic>
 #include <chrono>
+#include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <mutex>
 #include <sstream>
 #include <thread>
+#include <tuple>
 
 #include "auth.hpp"
 #include "catch.hpp"
@@ -126,7 +129,10 @@ class TempDir {
     char pattern[] = "/tmp/wireup-test-XXXXXX";
     path_ = mkdtemp(pattern);
   }
-  ~TempDir() { std::system(("rm -rf " + path_).c_str()); }
+  ~TempDir() {
+    std::error_code ignored;  // a leftover temp dir is no test failure
+    std::filesystem::remove_all(path_, ignored);
+  }
   const std::string& path() const { return path_; }
 
  private:
@@ -438,6 +444,65 @@ TEST_CASE("junk bytes, oversized frames and silent peers are refused; the server
   REQUIRE(good->set("still", bytes_of("alive")).ok());
   CHECK(good->get_string("still", 100ms).value() == "alive");
   CHECK(server->stats().refused_frames >= 1);
+}
+
+TEST_CASE("a burst of hostile peers is logged as a few lines and a count, not a line each") {
+  // One line per refused peer put 1,272 lines into a job's stderr in 23 s.
+  LogLines log;
+  TcpStoreServerOptions options;
+  options.secret = "s3cret";
+  options.world_size = 1;
+  options.refusal_summary_every = 300ms;
+  options.log = log.sink();
+  auto server = TcpStoreServer::start(options).value();
+  auto where = net::parse_host_port(server->address(), "test").value();
+  auto junk_peer = [&] {
+    auto fd = net::connect_tcp(where, net::Clock::now() + 2000ms).value();
+    Bytes junk(64, std::byte{0x5a});
+    REQUIRE(net::send_all(fd.get(), junk, net::Clock::now() + 2000ms).ok());
+    Bytes sink(1 << 12);
+    while (net::recv_exact(fd.get(), std::span(sink).first(1), net::Clock::now() + 2000ms)) {
+    }
+  };
+  constexpr std::size_t kPeers = 200;
+  for (std::size_t i = 0; i < kPeers; ++i) junk_peer();
+  auto counted = [&] {
+    std::lock_guard lock(log.mutex);
+    std::size_t in_full = 0, summarized = 0, summaries = 0;
+    for (const auto& line : log.lines) {
+      unsigned long n = 0;
+      if (line.find(" more peer") != std::string::npos &&
+          std::sscanf(line.c_str(), "refused %lu more peer", &n) == 1) {
+        summarized += n;
+        ++summaries;
+      } else if (line.rfind("refused ", 0) == 0) {
+        ++in_full;
+      }
+    }
+    return std::tuple{in_full, summarized, summaries};
+  };
+  const auto deadline = std::chrono::steady_clock::now() + 5s;
+  while (std::get<0>(counted()) + std::get<1>(counted()) < kPeers &&
+         std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(50ms);
+  const auto [in_full, summarized, summaries] = counted();
+  CHECK(server->stats().refused_frames == kPeers);
+  CHECK(in_full == options.refusals_in_full);
+  CHECK(summarized == kPeers - options.refusals_in_full);  // every refusal counted once
+  CHECK(summaries >= 1);
+  CHECK(summaries <= 20);  // one per 300 ms at most while the burst lasted
+  CHECK(log.contains("further refused peers are counted, one line every 0.3 s"));
+  CHECK(log.contains("bad frames or no authentication"));
+  std::printf("%zu hostile peers: %zu lines (%zu in full, %zu counts)\n", kPeers, log.lines.size(),
+              in_full, summaries);
+
+  // After a quiet interval the next refusal is a line of its own again.
+  std::this_thread::sleep_for(400ms);
+  junk_peer();
+  std::this_thread::sleep_for(100ms);
+  CHECK(std::get<0>(counted()) == options.refusals_in_full + 1);
+  auto good = client(*server, 0, 1);
+  CHECK(good->set("k", bytes_of("v")).ok());
 }
 
 TEST_CASE("a port in use is a clear error naming the port") {

@@ -42,7 +42,7 @@ int fail(const std::string& message) {
 int main(int argc, char** argv) {
   if (argc < 2) return fail("usage: wireup_peer exchange <bytes> <timeout_ms> [rounds] | hang");
   std::string mode = argv[1];
-  auto store = connect_from_env(current_environment());
+  auto store = connect_from_env(topolaunch::current_environment());
   if (!store) return fail(store.error().message);
   KvStore& kv = **store;
 

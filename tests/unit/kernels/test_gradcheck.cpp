@@ -1,5 +1,5 @@
-// Every op's backward against central finite differences in fp64, then the whole GPT-2 and MLP
-// training graphs (autodiff + fusion + the CPU backend) the same way.
+// Every op's backward against central finite differences in fp64, then the whole GPT-2, LLaMA and
+// MLP training graphs (autodiff + fusion + the CPU backend) the same way.
 #include <cmath>
 
 #include "adamw.hpp"
@@ -12,6 +12,9 @@
 #include "layernorm.hpp"
 #include "matmul.hpp"
 #include "residual.hpp"
+#include "rmsnorm.hpp"
+#include "rope.hpp"
+#include "swiglu.hpp"
 #include "topolaunch/kernels/cpu_backend.hpp"
 
 using namespace topolaunch::kernels;
@@ -104,6 +107,181 @@ TEST_CASE("causal attention: output at t does not depend on tokens after t") {
   cpu::attention_forward(y2.data(), lse.data(), s.data(), qkv.data(), B, T, C, NH);
   for (std::int64_t i = 0; i < (T - 1) * C; ++i)
     REQUIRE(y1[static_cast<std::size_t>(i)] == y2[static_cast<std::size_t>(i)]);
+}
+
+TEST_CASE("grouped-query attention backward matches finite differences (4 query heads, 2 kv)") {
+  const std::int64_t B = 2, T = 5, C = 8, NH = 4, NKV = 2, W = C + 2 * (C / NH * NKV);
+  auto fwd = [&](const std::vector<Vec>& in) {
+    Vec y(B * T * C), lse(B * NH * T), scratch(B * NH * T);
+    cpu::attention_forward(y.data(), lse.data(), scratch.data(), in[0].data(), B, T, C, NH, NKV);
+    return y;
+  };
+  auto bwd = [&](const std::vector<Vec>& in, const Vec& dy) {
+    Vec y(B * T * C), lse(B * NH * T), scratch(B * NH * T);
+    cpu::attention_forward(y.data(), lse.data(), scratch.data(), in[0].data(), B, T, C, NH, NKV);
+    std::vector<Vec> g{Vec(B * T * W)};
+    cpu::attention_backward(g[0].data(), scratch.data(), dy.data(), in[0].data(), y.data(),
+                            lse.data(), B, T, C, NH, NKV);
+    return g;
+  };
+  REQUIRE(gradcheck::max_relative_error({gradcheck::random_vec(B * T * W, 30)}, fwd, bwd) <
+          kTolerance);
+}
+
+TEST_CASE("grouped-query attention with one kv head per query head equals multi-head attention") {
+  const std::int64_t B = 1, T = 6, C = 8, NH = 2;
+  Vec qkv = gradcheck::random_vec(B * T * 3 * C, 31), y1(B * T * C), y2(B * T * C), l1(B * NH * T),
+      l2(B * NH * T), s(B * NH * T);
+  cpu::attention_forward(y1.data(), l1.data(), s.data(), qkv.data(), B, T, C, NH);
+  cpu::attention_forward(y2.data(), l2.data(), s.data(), qkv.data(), B, T, C, NH, NH);
+  REQUIRE(y1 == y2);
+  REQUIRE(l1 == l2);
+}
+
+TEST_CASE("grouped-query attention: query heads of one group read the same key/value head") {
+  // Two query heads with equal q over one kv head give equal outputs; a change to the second kv
+  // head's keys changes only the second group's heads.
+  const std::int64_t B = 1, T = 4, C = 8, NH = 4, NKV = 2, hs = C / NH, W = C + 2 * hs * NKV;
+  Vec qkv = gradcheck::random_vec(B * T * W, 32);
+  for (std::int64_t t = 0; t < T; ++t)
+    for (std::int64_t i = 0; i < hs; ++i)
+      qkv[static_cast<std::size_t>(t * W + hs + i)] = qkv[static_cast<std::size_t>(t * W + i)];
+  Vec y1(B * T * C), y2(B * T * C), lse(B * NH * T), s(B * NH * T);
+  cpu::attention_forward(y1.data(), lse.data(), s.data(), qkv.data(), B, T, C, NH, NKV);
+  for (std::int64_t t = 0; t < T; ++t)
+    for (std::int64_t i = 0; i < hs; ++i) {
+      INFO("t " << t << " channel " << i);
+      REQUIRE(y1[static_cast<std::size_t>(t * C + i)] ==
+              y1[static_cast<std::size_t>(t * C + hs + i)]);
+    }
+  for (std::int64_t t = 0; t < T; ++t) qkv[static_cast<std::size_t>(t * W + C + hs)] += 0.5;
+  cpu::attention_forward(y2.data(), lse.data(), s.data(), qkv.data(), B, T, C, NH, NKV);
+  for (std::int64_t t = 1; t < T; ++t) {
+    for (std::int64_t i = 0; i < 2 * hs; ++i)
+      REQUIRE(y1[static_cast<std::size_t>(t * C + i)] == y2[static_cast<std::size_t>(t * C + i)]);
+    bool changed = false;
+    for (std::int64_t i = 2 * hs; i < C; ++i)
+      changed |= y1[static_cast<std::size_t>(t * C + i)] != y2[static_cast<std::size_t>(t * C + i)];
+    REQUIRE(changed);
+  }
+}
+
+TEST_CASE("rmsnorm backward matches finite differences") {
+  const std::int64_t N = 4, C = 9;
+  auto fwd = [&](const std::vector<Vec>& in) {
+    Vec y(N * C), r(N);
+    cpu::rmsnorm_forward(y.data(), r.data(), in[0].data(), in[1].data(), N, C);
+    return y;
+  };
+  auto bwd = [&](const std::vector<Vec>& in, const Vec& dy) {
+    Vec y(N * C), r(N);
+    cpu::rmsnorm_forward(y.data(), r.data(), in[0].data(), in[1].data(), N, C);
+    std::vector<Vec> g{Vec(N * C), Vec(C)};
+    cpu::rmsnorm_backward(g[0].data(), g[1].data(), dy.data(), in[0].data(), in[1].data(), r.data(),
+                          N, C);
+    return g;
+  };
+  REQUIRE(gradcheck::max_relative_error(
+              {gradcheck::random_vec(N * C, 33), gradcheck::random_vec(C, 34)}, fwd, bwd) <
+          kTolerance);
+}
+
+TEST_CASE("rmsnorm: unit weights give rows of mean square 1 (up to eps)") {
+  const std::int64_t N = 3, C = 16;
+  Vec x = gradcheck::random_vec(N * C, 35, 3.0), w(C, 1.0), y(N * C), r(N);
+  cpu::rmsnorm_forward(y.data(), r.data(), x.data(), w.data(), N, C);
+  for (std::int64_t n = 0; n < N; ++n) {
+    double ms = 0, xs = 0;
+    for (std::int64_t c = 0; c < C; ++c) {
+      ms += y[static_cast<std::size_t>(n * C + c)] * y[static_cast<std::size_t>(n * C + c)];
+      xs += x[static_cast<std::size_t>(n * C + c)] * x[static_cast<std::size_t>(n * C + c)];
+    }
+    REQUIRE(ms / C == Approx(1.0 / (1.0 + cpu::kRmsNormEpsilon * C / xs)).epsilon(1e-12));
+  }
+}
+
+TEST_CASE("fused residual+rmsnorm equals residual then rmsnorm") {
+  const std::int64_t N = 3, C = 8;
+  Vec a = gradcheck::random_vec(N * C, 36), b = gradcheck::random_vec(N * C, 37),
+      w = gradcheck::random_vec(C, 38);
+  Vec s1(N * C), y1(N * C), r1(N), s2(N * C), y2(N * C), r2(N);
+  cpu::residual_forward(s1.data(), a.data(), b.data(), N * C);
+  cpu::rmsnorm_forward(y1.data(), r1.data(), s1.data(), w.data(), N, C);
+  cpu::residual_rmsnorm_forward(s2.data(), y2.data(), r2.data(), a.data(), b.data(), w.data(), N,
+                                C);
+  REQUIRE(s1 == s2);
+  REQUIRE(y1 == y2);
+  REQUIRE(r1 == r2);
+}
+
+TEST_CASE("rope backward matches finite differences (grouped-query layout, v passed through)") {
+  const std::int64_t B = 2, T = 5, C = 8, NH = 2, NKV = 1, W = C + 2 * (C / NH * NKV);
+  auto fwd = [&](const std::vector<Vec>& in) {
+    Vec y(B * T * W);
+    cpu::rope_forward(y.data(), in[0].data(), B, T, C, NH, NKV, 10000.0);
+    return y;
+  };
+  auto bwd = [&](const std::vector<Vec>&, const Vec& dy) {
+    std::vector<Vec> g{Vec(B * T * W)};
+    cpu::rope_backward(g[0].data(), dy.data(), B, T, C, NH, NKV, 10000.0);
+    return g;
+  };
+  REQUIRE(gradcheck::max_relative_error({gradcheck::random_vec(B * T * W, 39)}, fwd, bwd) <
+          kTolerance);
+}
+
+TEST_CASE("rope: position 0 is the identity, v is copied, and q.k depends only on the offset") {
+  // Rotating q at t and k at s by their positions makes q.k a function of t - s (RoPE's point).
+  const std::int64_t B = 1, T = 6, C = 4, NH = 1, NKV = 1, W = 3 * C;
+  Vec qkv(B * T * W);
+  const Vec q = gradcheck::random_vec(C, 40), k = gradcheck::random_vec(C, 41),
+            v = gradcheck::random_vec(C, 42);
+  for (std::int64_t t = 0; t < T; ++t)
+    for (std::int64_t i = 0; i < C; ++i) {
+      qkv[static_cast<std::size_t>(t * W + i)] = q[static_cast<std::size_t>(i)];
+      qkv[static_cast<std::size_t>(t * W + C + i)] = k[static_cast<std::size_t>(i)];
+      qkv[static_cast<std::size_t>(t * W + 2 * C + i)] = v[static_cast<std::size_t>(i)];
+    }
+  Vec out(B * T * W);
+  cpu::rope_forward(out.data(), qkv.data(), B, T, C, NH, NKV, 10000.0);
+  for (std::int64_t i = 0; i < W; ++i)
+    REQUIRE(out[static_cast<std::size_t>(i)] == qkv[static_cast<std::size_t>(i)]);
+  for (std::int64_t t = 0; t < T; ++t)
+    for (std::int64_t i = 2 * C; i < W; ++i)
+      REQUIRE(out[static_cast<std::size_t>(t * W + i)] == qkv[static_cast<std::size_t>(t * W + i)]);
+  auto dot = [&](std::int64_t t, std::int64_t s) {
+    double d = 0;
+    for (std::int64_t i = 0; i < C; ++i)
+      d += out[static_cast<std::size_t>(t * W + i)] * out[static_cast<std::size_t>(s * W + C + i)];
+    return d;
+  };
+  REQUIRE(dot(3, 1) == Approx(dot(5, 3)).epsilon(1e-12));
+  REQUIRE(dot(2, 2) == Approx(dot(0, 0)).epsilon(1e-12));
+  REQUIRE(dot(4, 0) != Approx(dot(4, 1)).epsilon(1e-6));
+}
+
+TEST_CASE("swiglu backward matches finite differences") {
+  const std::int64_t N = 3, H = 5;
+  auto fwd = [&](const std::vector<Vec>& in) {
+    Vec y(N * H);
+    cpu::swiglu_forward(y.data(), in[0].data(), N, H);
+    return y;
+  };
+  auto bwd = [&](const std::vector<Vec>& in, const Vec& dy) {
+    std::vector<Vec> g{Vec(N * 2 * H)};
+    cpu::swiglu_backward(g[0].data(), dy.data(), in[0].data(), N, H);
+    return g;
+  };
+  REQUIRE(gradcheck::max_relative_error({gradcheck::random_vec(N * 2 * H, 43, 2.0)}, fwd, bwd) <
+          kTolerance);
+}
+
+TEST_CASE("swiglu: h = g sigmoid(g) u, row by row") {
+  const Vec gu = {1.0, -2.0, 0.5, 3.0};  // one row, H = 2: g = (1, -2), u = (0.5, 3)
+  Vec h(2);
+  cpu::swiglu_forward(h.data(), gu.data(), 1, 2);
+  REQUIRE(h[0] == Approx(1.0 / (1.0 + std::exp(-1.0)) * 0.5));
+  REQUIRE(h[1] == Approx(-2.0 / (1.0 + std::exp(2.0)) * 3.0));
 }
 
 TEST_CASE("gelu backward matches finite differences") {
@@ -232,10 +410,10 @@ double whole_model_error(Graph graph, std::uint64_t seed) {
     for (std::size_t i = 0; i < values.size(); ++i) {
       const double saved = values[i];
       values[i] = saved + eps;
-      ex.run_forward();
+      REQUIRE(ex.run_forward().ok());
       const double up = ex.mean_loss();
       values[i] = saved - eps;
-      ex.run_forward();
+      REQUIRE(ex.run_forward().ok());
       const double down = ex.mean_loss();
       values[i] = saved;
       const double numeric = (up - down) / (2 * eps);
@@ -264,6 +442,25 @@ TEST_CASE("whole GPT-2 graph: autodiff + fusion gradients match finite differenc
   c.batch = 2;
   c.seq_len = 5;
   REQUIRE(whole_model_error(build_gpt2(c, {DType::f64, DType::f64, DType::f64}), 21) < 1e-5);
+}
+
+TEST_CASE("whole LLaMA graph: autodiff + fusion gradients match finite differences (fp64)") {
+  LlamaConfig c;
+  c.n_layer = 2;
+  c.n_embd = 8;
+  c.n_head = 4;
+  c.n_kv_head = 2;
+  c.ffn_hidden = 12;
+  c.vocab_size = 7;
+  c.padded_vocab = 8;
+  c.batch = 2;
+  c.seq_len = 5;
+  Graph g = build_llama(c, {DType::f64, DType::f64, DType::f64});
+  // RMSNorm, rope, grouped-query attention, SwiGLU, an untied head, no biases.
+  std::size_t biases = 0;
+  for (auto p : g.params) biases += g[p].shape.size() == 1 && g[p].init_value == 0;
+  CHECK(biases == 0);
+  REQUIRE(whole_model_error(std::move(g), 23) < 1e-5);
 }
 
 TEST_CASE("whole MLP graph: gradients match finite differences (fp64)") {

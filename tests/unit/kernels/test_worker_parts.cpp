@@ -1,5 +1,5 @@
-// The worker's pure parts: config parsing errors, data decoding (janeaustenr, llm.c tokens, text
-// checks), checkpoints round trip, and the TCP ring all-reduce with ranks as threads.
+// The worker's pure parts: data decoding (janeaustenr, llm.c tokens, text checks), checkpoints
+// round trip, the TCP ring all-reduce with ranks as threads, and the bf16 hand-over.
 #include <unistd.h>
 
 #include <cstring>
@@ -10,64 +10,17 @@
 #include <thread>
 
 #include "catch.hpp"
+#include "temp_dir.hpp"
 #include "topolaunch/kernels/checkpoint.hpp"
-#include "topolaunch/kernels/communicator.hpp"
 #include "topolaunch/kernels/data.hpp"
-#include "topolaunch/kernels/job.hpp"
+#include "topolaunch/kernels/host_communicators.hpp"
 #include "topolaunch/kernels/plan.hpp"
 #include "topolaunch/kernels/worker.hpp"
 
 using namespace topolaunch::kernels;
 namespace fs = std::filesystem;
 
-namespace {
-
-struct TempDir {
-  fs::path path;
-  TempDir() {
-    std::string tmpl = (fs::temp_directory_path() / "tl-kunit-XXXXXX").string();
-    path = ::mkdtemp(tmpl.data());
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
-  fs::path write(const std::string& name, const std::string& text) const {
-    std::ofstream(path / name, std::ios::binary) << text;
-    return path / name;
-  }
-};
-
-}  // namespace
-
-TEST_CASE("config: unknown key in [train] names file:line:column and the key") {
-  TempDir d;
-  auto p = d.write("job.toml", "[model]\nn_layer = 1\n[train]\nbatch = 2\nlearnin_rate = 1e-3\n");
-  auto c = load_worker_config(p.string());
-  REQUIRE_FALSE(c.ok());
-  CHECK(c.error().exit_code == 2);
-  CHECK_THAT(c.error().message, Catch::Contains("job.toml:5:1: train.learnin_rate: unknown key"));
-}
-
-TEST_CASE(
-    "config: launcher tables are ignored, [budget] sizes parsed in binary units, --set overrides") {
-  TempDir d;
-  auto p = d.write("job.toml",
-                   "[job]\nname = \"x\"\n[model]\nn_layer = 1\nn_embd = 8\nn_head = "
-                   "2\n[budget]\nmemory = \"1.5GiB\"\n"
-                   "comm_exposed_per_step = \"20ms\"\n[train]\nbatch = 2\nseq_len = 8\n");
-  auto c = load_worker_config(p.string(), {"train.steps=7", "data.path=/tmp/x"});
-  REQUIRE(c.ok());
-  CHECK(c->budget.memory_bytes == 3ull << 29);
-  CHECK(c->budget.comm_exposed_ms_per_step == 20.0);
-  CHECK(c->train.steps == 7);
-  CHECK(c->data.path == "/tmp/x");
-  auto bad = d.write("bad.toml", "[model]\nn_layer = 1\n[budget]\nmemory = \"16GB\"\n");
-  auto e = load_worker_config(bad.string());
-  REQUIRE_FALSE(e.ok());
-  CHECK_THAT(e.error().message,
-             Catch::Contains("bad.toml:4:10: budget.memory: \"16GB\" is not a size"));
-}
+using topolaunch::kernels::testing::TempDir;
 
 TEST_CASE("janeaustenr: the six novels decode from R's lazy-load database") {
   const std::string rdb = "/usr/lib/R/site-library/janeaustenr/data/Rdata.rdb";
@@ -146,8 +99,8 @@ TEST_CASE(
   a.init_parameters(1);
   const TensorId m = static_cast<TensorId>(plan->graph.tensors.size() - 1);  // some optimizer state
   for (auto& x : a.values(m)) x = 0.25f;
-  REQUIRE(write_checkpoint(d.path.string(), a, {12, 345, 6789}).ok());
-  auto s = load_checkpoint(checkpoint_path(d.path.string()), b);
+  REQUIRE(write_checkpoint(d.path.string(), a, {12, 345, 6789}, 2).ok());
+  auto s = load_checkpoint(checkpoint_path(d.path.string(), 12), b);
   REQUIRE(s.ok());
   CHECK(s->step == 12);
   CHECK(s->data_position == 345);
@@ -155,7 +108,9 @@ TEST_CASE(
   for (auto p : plan->graph.params)
     CHECK(std::memcmp(a.data(p), b.data(p), plan->graph[p].bytes()) == 0);
   CHECK(b.values(m)[0] == 0.25f);
-  CHECK_FALSE(fs::exists(checkpoint_path(d.path.string()) + ".tmp." + std::to_string(::getpid())));
+  CHECK(fs::exists(checkpoint_path(d.path.string(), 12)));
+  CHECK(std::distance(fs::directory_iterator(d.path), fs::directory_iterator{}) ==
+        1);  // no temporary
 }
 
 TEST_CASE("TCP ring all-reduce: 3 ranks get identical sums") {
@@ -187,44 +142,55 @@ TEST_CASE("TCP ring all-reduce: 3 ranks get identical sums") {
   }
 }
 
-namespace {
-// Stands in for the CUDA backend's loop: records the plan it was handed.
-bool g_gpu_trainer_called = false;
-DType g_grad_dtype = DType::i32, g_mean_dtype = DType::i32, g_act_dtype = DType::i32;
-int fake_gpu_trainer(const WorkerConfig&, const Plan& plan, const Dataset&, std::ostream&,
-                     std::ostream&) {
-  g_gpu_trainer_called = true;
-  const Graph& g = plan.graph;
-  g_grad_dtype = g[g[g.params.front()].grad].dtype;
-  for (const auto& t : g.tensors) {
-    if (t.name == "h0.ln1_mean") g_mean_dtype = t.dtype;
-    if (t.name == "h0.qkv") g_act_dtype = t.dtype;
+TEST_CASE(
+    "TCP ring, 4 ranks: reduce-scatter leaves each rank its segment's sum, bit-equal to the "
+    "all-reduce's; all-gather spreads the segments") {
+  const int world = 4, base = 23000 + static_cast<int>((::getpid() + 4000) % 9000);
+  const std::size_t n = 1000;  // segments of 250
+  // Values whose sums round differently in different orders, so that the order is checked.
+  auto value = [](int r, std::size_t i) {
+    return 1.0f / static_cast<float>(3 + r) + 1e-3f * static_cast<float>(i % 11) * (r % 2 ? 1 : -1);
+  };
+  std::vector<std::vector<float>> reduced(world), scattered(world), gathered(world);
+  std::vector<std::string> errors(world);
+  std::vector<std::thread> ranks;
+  for (int r = 0; r < world; ++r) {
+    auto& a = reduced[static_cast<std::size_t>(r)];
+    auto& b = scattered[static_cast<std::size_t>(r)];
+    auto& c = gathered[static_cast<std::size_t>(r)];
+    for (std::size_t i = 0; i < n; ++i) a.push_back(value(r, i));
+    b = a;
+    c.assign(n, -1.0f);
+    for (std::size_t i = segment_begin(n, world, r); i < segment_begin(n, world, r + 1); ++i)
+      c[i] = static_cast<float>(r);
+    ranks.emplace_back([&, r] {
+      auto comm = connect_tcp_ring(r, world, "127.0.0.1", base, 10000);
+      std::string& e = errors[static_cast<std::size_t>(r)];
+      if (!comm) {
+        e = comm.error().message;
+        return;
+      }
+      if (auto s = (*comm)->all_reduce_sum(std::span<float>(a)); !s) e = s.error().message;
+      if (auto s = (*comm)->reduce_scatter_sum(std::span<float>(b)); !s) e = s.error().message;
+      if (auto s = (*comm)->all_gather(std::span<float>(c)); !s) e = s.error().message;
+    });
   }
-  return 0;
-}
-}  // namespace
-
-TEST_CASE("worker: train.precision bf16 needs the CUDA backend; with one it gets the bf16 plan") {
-  TempDir d;
-  d.write("text.txt", std::string(4000, 'a') + "bcdefgh the quick brown fox\n");
-  auto p = d.write("job.toml",
-                   "[model]\nn_layer = 1\nn_embd = 16\nn_head = 2\nblock_size = 8\n[data]\n"
-                   "path = \"" +
-                       (d.path / "text.txt").string() +
-                       "\"\n[train]\nbatch = 2\nseq_len = 8\nsteps = 1\nprecision = \"bf16\"\n");
-  WorkerOptions o;
-  o.config_path = p.string();
-  std::ostringstream out, err;
-  CHECK(run_worker(o, out, err) == 2);
-  CHECK_THAT(err.str(), Catch::Contains("train.precision: \"bf16\" needs the CUDA backend"));
-  CHECK_THAT(err.str(), Catch::Contains("-Dcuda=enabled"));
-  o.gpu_trainer = &fake_gpu_trainer;
-  std::ostringstream out2, err2;
-  CHECK(run_worker(o, out2, err2) == 0);
-  CHECK(g_gpu_trainer_called);
-  CHECK(g_grad_dtype == DType::f32);  // fp32 parameter gradients
-  CHECK(g_mean_dtype == DType::f32);  // fp32 LayerNorm statistics
-  CHECK(g_act_dtype == DType::bf16);  // bf16 activations
+  for (auto& t : ranks) t.join();
+  for (const auto& e : errors) REQUIRE(e.empty());
+  for (int r = 0; r < world; ++r) {
+    const auto& a = reduced[static_cast<std::size_t>(r)];
+    const auto& b = scattered[static_cast<std::size_t>(r)];
+    const auto& c = gathered[static_cast<std::size_t>(r)];
+    REQUIRE(a == reduced[0]);
+    for (std::size_t i = segment_begin(n, world, r); i < segment_begin(n, world, r + 1); ++i)
+      REQUIRE(b[i] == a[i]);
+    for (int q = 0; q < world; ++q)
+      for (std::size_t i = segment_begin(n, world, q); i < segment_begin(n, world, q + 1); ++i)
+        REQUIRE(c[i] == static_cast<float>(q));
+  }
+  double exact = 0;
+  for (int r = 0; r < world; ++r) exact += static_cast<double>(value(r, 5));
+  CHECK(reduced[0][5] == Approx(exact).epsilon(1e-6));
 }
 
 TEST_CASE("graph: Precision::cuda_bf16 types what the CUDA kernels take; fp32 graphs unchanged") {

@@ -12,6 +12,7 @@
 #include "topolaunch/topology/serialize.hpp"
 
 using namespace topolaunch::launcher;
+using topolaunch::jobspec::WireupBackend;
 using topolaunch::wireup::Backend;
 
 namespace {
@@ -57,9 +58,9 @@ TEST_CASE("srun --mpi= follows wireup.backend") {
 }
 
 TEST_CASE("an agent takes the backend its srun gave it") {
-  const topolaunch::wireup::Env pmix{{"PMIX_RANK", "1"}, {"PMIX_NAMESPACE", "slurm.pmix.7.0"}};
-  const topolaunch::wireup::Env pmi2{{"PMI_FD", "5"}, {"PMI_RANK", "1"}, {"PMI_SIZE", "4"}};
-  const topolaunch::wireup::Env tcp{{"TOPOLAUNCH_AGENT_STORE", "10.0.0.1:4000"}};
+  const topolaunch::Environment pmix{{"PMIX_RANK", "1"}, {"PMIX_NAMESPACE", "slurm.pmix.7.0"}};
+  const topolaunch::Environment pmi2{{"PMI_FD", "5"}, {"PMI_RANK", "1"}, {"PMI_SIZE", "4"}};
+  const topolaunch::Environment tcp{{"TOPOLAUNCH_AGENT_STORE", "10.0.0.1:4000"}};
   CHECK(*agent_backend(WireupBackend::automatic, pmix, kAll) == Backend::pmix);
   CHECK(*agent_backend(WireupBackend::automatic, pmi2, kAll) == Backend::pmi2);
   CHECK(*agent_backend(WireupBackend::automatic, tcp, kAll) == Backend::tcp);

@@ -91,5 +91,5 @@ TEST_CASE("plan_preflight: an unknown transport is exit 2 naming the setting") {
   auto plan = plan_preflight(in);
   REQUIRE_FALSE(plan.ok());
   CHECK(plan.error().exit_code == 2);
-  CHECK(plan.error().message.find("rdma.transport") != std::string::npos);
+  CHECK(plan.error().message.find("--transport") != std::string::npos);
 }

@@ -2,6 +2,8 @@
 #include <filesystem>
 #include <fstream>
 
+#include <unistd.h>
+
 #include "catch.hpp"
 #include "topolaunch/rdma/probe.hpp"
 

@@ -46,6 +46,21 @@ TEST_CASE("plugstack args: unknown, repeated, bare and malformed keys are errors
   CHECK(unknown.error().message.find("unknown key 'colour'") != std::string::npos);
 }
 
+TEST_CASE("refusals echo a value as printable text only") {
+  // Found by tests/fuzz/fuzz_spank_options: a control byte in a plugstack argument went into the
+  // message, and so into slurmstepd's log, as it was.
+  auto bare = parse_site_config({"\x1b[2J"});
+  REQUIRE_FALSE(bare.ok());
+  CHECK(bare.error().message == "plugstack.conf: '?[2J': expected key=value");
+  auto level = parse_site_config({"log_level=a\nb"});
+  REQUIRE_FALSE(level.ok());
+  CHECK(level.error().message == "plugstack.conf: log_level=a?b: use error, info or debug");
+  auto hosts = expand_hostlist("n[1-2\n");
+  REQUIRE_FALSE(hosts.ok());
+  CHECK(hosts.error().message == "'n[1-2?': unbalanced brackets");
+  CHECK(shown(std::string(50, 'x')) == std::string(40, 'x') + "...");
+}
+
 // The snippet meson installs into plugstack.conf.d (spank_plugin/topolaunch.conf.in, configured).
 TEST_CASE("plugstack.conf.d snippet: the example line parses and every site option is documented") {
   const char* path = std::getenv("TOPOLAUNCH_PLUGSTACK_SNIPPET");
@@ -127,6 +142,15 @@ TEST_CASE("hostlists and task counts expand like Slurm's") {
   REQUIRE(counts.ok());
   CHECK(*counts == std::vector<int>{8, 8, 4});
   CHECK_FALSE(expand_tasks_per_node("8(x2").ok());
+  // Caught by tests/fuzz/fuzz_spank_options (its task-count check, UBSan) on inputs written from
+  // reading the code: a count above INT_MAX wrapped to a negative int, and the last
+  // representable host number stepped the loop past LONG_MAX.
+  CHECK_FALSE(expand_tasks_per_node("4294967295").ok());
+  CHECK(expand_tasks_per_node("2147483647")->front() == 2147483647);
+  auto last = expand_hostlist("n[9223372036854775807]");
+  REQUIRE(last.ok());
+  CHECK(*last == std::vector<std::string>{"n9223372036854775807"});
+  CHECK_FALSE(expand_hostlist("n[0-9223372036854775807]").ok());
 }
 
 TEST_CASE("binding: intended CPUs on a real node, a fold onto existing CPUs on an emulated one") {

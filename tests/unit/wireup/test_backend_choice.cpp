@@ -5,10 +5,10 @@
 using namespace topolaunch::wireup;
 
 TEST_CASE("the tcp store address wins over inherited PMIx/PMI2 variables") {
-  Env env{{"TOPOLAUNCH_STORE_ADDR", "127.0.0.1:5000"},
-          {"PMIX_RANK", "0"},
-          {"PMIX_NAMESPACE", "slurm.pmix.1.0"},
-          {"PMI_FD", "5"}};
+  topolaunch::Environment env{{"TOPOLAUNCH_STORE_ADDR", "127.0.0.1:5000"},
+                              {"PMIX_RANK", "0"},
+                              {"PMIX_NAMESPACE", "slurm.pmix.1.0"},
+                              {"PMI_FD", "5"}};
   auto backend = choose_backend(env);
   REQUIRE(backend.ok());
   CHECK(*backend == Backend::tcp);
@@ -41,9 +41,9 @@ TEST_CASE("no wireup at all is one clear error") {
 }
 
 TEST_CASE("tcp from env needs a secret and a rank below the world size, each named") {
-  Env env{{"TOPOLAUNCH_STORE_ADDR", "127.0.0.1:1"},
-          {"TOPOLAUNCH_RANK", "0"},
-          {"TOPOLAUNCH_WORLD_SIZE", "2"}};
+  topolaunch::Environment env{{"TOPOLAUNCH_STORE_ADDR", "127.0.0.1:1"},
+                              {"TOPOLAUNCH_RANK", "0"},
+                              {"TOPOLAUNCH_WORLD_SIZE", "2"}};
   auto no_secret = connect_from_env(env, milliseconds(10));
   REQUIRE_FALSE(no_secret.ok());
   CHECK(no_secret.error().message.find("TOPOLAUNCH_STORE_SECRET") != std::string::npos);

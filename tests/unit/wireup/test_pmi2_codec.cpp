@@ -46,6 +46,12 @@ TEST_CASE("base64url refuses text it did not write") {
   CHECK_FALSE(pmi2::base64url_decode("Z").ok());      // impossible length
   CHECK_FALSE(pmi2::base64url_decode("Zh").ok());     // stray bits ("f" is "Zg")
   CHECK_FALSE(pmi2::base64url_decode("Zm;v").ok());
+  // A peer's text is named, not echoed: a newline would split the log line (fuzz_pmi2_codec).
+  auto newline = pmi2::base64url_decode("Zm\nv");
+  REQUIRE_FALSE(newline.ok());
+  CHECK(newline.error().message == "pmi2 value: byte 0x0a is not a base64url character");
+  CHECK(pmi2::base64url_decode("Zm;v").error().message ==
+        "pmi2 value: ';' is not a base64url character");
 }
 
 TEST_CASE("a 4 KiB value splits into chunks that fit PMI2's limits and joins back") {

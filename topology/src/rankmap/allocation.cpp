@@ -9,8 +9,6 @@
 
 #include "topolaunch/topology/rankmap.hpp"
 
-extern char** environ;
-
 namespace topolaunch::topology {
 
 namespace {
@@ -117,16 +115,7 @@ Result<NodeAllocation> allocation_from_env(const Environment& env,
 }
 
 Result<NodeAllocation> allocation_of_this_process() {
-  Environment env;
-  for (char** entry = environ; entry != nullptr && *entry != nullptr; ++entry) {
-    std::string_view text(*entry);
-    auto eq = text.find('=');
-    if (eq == std::string_view::npos) continue;
-    std::string key(text.substr(0, eq));
-    if (key == "SLURM_STEP_GPUS" || key == "SLURM_JOB_GPUS" || key == "CUDA_VISIBLE_DEVICES") {
-      env.emplace(std::move(key), std::string(text.substr(eq + 1)));
-    }
-  }
+  const Environment env = current_environment();
   std::ifstream status("/proc/self/status");
   std::string line, cpus;
   while (std::getline(status, line)) {

@@ -205,7 +205,7 @@ LocalPlan plan_local_ranks(const NodeProfile& profile, const ResolvedNode& node,
   }
   if (!topo.nics.empty() && profile.selected_nics.empty()) {
     plan.warnings.push_back(
-        fmt::format("node {}: none of its {} NICs is a selected compute NIC (check mapping.nics)",
+        fmt::format("node {}: none of its {} NICs is a selected compute NIC (check rdma.nics)",
                     node.name, topo.nics.size()));
   }
   for (int g : used) {

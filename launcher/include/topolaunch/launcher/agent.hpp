@@ -21,7 +21,7 @@
 #include <string>
 #include <vector>
 
-#include "topolaunch/launcher/job_config.hpp"
+#include "topolaunch/jobspec/job_config.hpp"
 #include "topolaunch/wireup/kv_store.hpp"
 
 namespace topolaunch::launcher {
@@ -39,7 +39,7 @@ struct PreflightStageOutcome {
 // plugin links too, does not). Collective over `store` (the agents' store under Slurm); null
 // `store` = this node alone, and `scratch_dir` (an existing, empty folder) may hold a local one.
 using PreflightStage =
-    std::function<PreflightStageOutcome(const JobConfig& config, const std::string& node,
+    std::function<PreflightStageOutcome(const jobspec::JobConfig& config, const std::string& node,
                                         wireup::KvStore* store, const std::string& scratch_dir)>;
 
 struct RunOptions {
@@ -50,6 +50,7 @@ struct RunOptions {
   bool quiet = false;        // no merged worker output on the terminal (logs still written)
   bool print_json = false;   // print the JSON report instead of the human summary
   bool local = false;        // inside a multi-node allocation, still run only on this node
+  bool resume = false;       // a job dir that holds an earlier run: continue there (job.hpp)
   PreflightStage preflight;  // empty: no [rdma] preflight stage (the report says so)
 };
 

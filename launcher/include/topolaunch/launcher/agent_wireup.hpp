@@ -27,7 +27,7 @@
 #include <vector>
 
 #include "topolaunch/common/result.hpp"
-#include "topolaunch/launcher/job_config.hpp"
+#include "topolaunch/jobspec/job_config.hpp"
 #include "topolaunch/topology/rankmap.hpp"
 #include "topolaunch/wireup/kv_store.hpp"
 #include "topolaunch/wireup/tcp_store.hpp"
@@ -39,11 +39,12 @@ namespace topolaunch::launcher {
 std::vector<std::string> parse_srun_mpi_list(std::string_view text);
 
 // The value of srun's --mpi= for the agents' step: "pmix", "pmi2" or "none".
-Result<std::string> srun_mpi_for(WireupBackend requested, const std::vector<std::string>& offered,
+Result<std::string> srun_mpi_for(jobspec::WireupBackend requested,
+                                 const std::vector<std::string>& offered,
                                  const std::vector<std::string>& compiled);
 
 // The backend an agent uses, from what was requested and its environment.
-Result<wireup::Backend> agent_backend(WireupBackend requested, const wireup::Env& env,
+Result<wireup::Backend> agent_backend(jobspec::WireupBackend requested, const Environment& env,
                                       const std::vector<std::string>& compiled);
 
 std::string_view backend_name(wireup::Backend backend);  // "tcp", "pmix", "pmi2"

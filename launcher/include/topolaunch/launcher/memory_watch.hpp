@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "topolaunch/common/result.hpp"
+#include "topolaunch/topology/model.hpp"
 
 namespace topolaunch::launcher {
 
@@ -62,7 +63,9 @@ std::map<int, std::uint64_t> gpu_bytes_of_tree(const std::vector<GpuProcessMemor
 std::string nvml_library_name();
 
 // NVML, dlopened: init once, list each device's compute processes on demand, shut down at the
-// end. Uses nvmlDeviceGetComputeRunningProcesses_v3, else _v2, else the unversioned call.
+// end. Uses nvmlDeviceGetComputeRunningProcesses_v3, else _v2, else the unversioned call. Also
+// each device's energy counter (nvmlDeviceGetTotalEnergyConsumption, Volta and later) and PCI
+// address (nvmlDeviceGetPciInfo_v3), when the library has them.
 class NvmlMemoryWatch {
  public:
   // An error (exit code 1) says why NVML is not usable: the library is missing, a symbol is
@@ -75,6 +78,10 @@ class NvmlMemoryWatch {
   int device_count() const { return static_cast<int>(devices_.size()); }
   // Every compute process on every device. Usage NVML cannot report is left out.
   Result<std::vector<GpuProcessMemory>> usage();
+  // Millijoules the device used since the driver loaded; nullopt when NVML cannot say.
+  std::optional<std::uint64_t> energy_mj(int device);
+  // The device at this PCI address (domain, bus and device), -1 when none (or NVML gave none).
+  int device_at(const topology::PciAddress& address) const;
 
  private:
   struct Api;
@@ -82,6 +89,7 @@ class NvmlMemoryWatch {
   void* library_ = nullptr;
   std::unique_ptr<Api> api_;
   std::vector<void*> devices_;
+  std::vector<std::optional<topology::PciAddress>> addresses_;
 };
 
 }  // namespace topolaunch::launcher

@@ -6,7 +6,11 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <string_view>
+#include <utility>
 #include <vector>
+
+#include "topolaunch/launcher/cost.hpp"
 
 namespace topolaunch::launcher {
 
@@ -23,6 +27,13 @@ struct RankOutcome {
   double wall_s = 0;
   std::string heartbeat;  // the last counter the worker wrote, "" = never beat
   std::string cause;      // why it ended when the agent ended it: "stopped", "hung", "memory"...
+  // From its TORCHELASTIC_ERROR_FILE when it failed (torch's @record): the exception, one line,
+  // and its traceback; "" when it wrote none.
+  std::string error;
+  std::string traceback;
+  // What its TOPOLAUNCH_STEP_METRICS_FILE said (the built-in worker writes one; present = false
+  // for a worker that wrote none).
+  StepFigures figures;
 };
 
 struct AttemptReport {
@@ -32,6 +43,7 @@ struct AttemptReport {
   double wall_s = 0;
   std::string outcome;  // "succeeded", "failed", "stopped", "requeue"
   std::vector<RankOutcome> ranks;
+  std::vector<NodeUsage> nodes;  // what each node's agent held and measured
 };
 
 struct RootCause {
@@ -50,6 +62,19 @@ struct RootCause {
 // time wins over one without; ties and unknown times keep the list's order). causes not empty.
 std::size_t earliest_root_cause(const std::vector<RootCause>& causes);
 
+// The built-in worker's figures: the last logged step's loss from rank 0's train.metrics_file
+// (JSON lines, when the job has one) and the validation losses of [train] val_every from
+// <job_dir>/validation.jsonl (which the worker writes under topolaunch run).
+struct TrainingFigures {
+  std::string metrics_file;  // "" without one
+  std::int64_t step = -1;    // the last logged step (-1: none)
+  double loss = 0;
+  std::vector<std::pair<std::int64_t, double>> val_losses;  // (step, loss) in file order
+};
+// nullopt when neither file holds a figure.
+std::optional<TrainingFigures> read_training_figures(const std::string& metrics_file,
+                                                     const std::string& validation_file);
+
 struct JobReport {
   std::string job_name;
   std::string run_id;
@@ -65,13 +90,24 @@ struct JobReport {
   // in-process). Workers always get the TCP store.
   std::string agent_wireup;
   std::string preflight;  // what the [rdma] preflight stage did, one line ("" = not reached)
+  std::optional<TrainingFigures> training;  // with train.metrics_file
+  std::optional<CostReport> cost;  // set_cost(): where the time, energy and money went
+  std::string trace;               // the merged timeline of the traced steps, one line ("" = none)
 };
+
+// The job's cost from its attempts' ranks and nodes (cost.hpp), into report.cost.
+void set_cost(JobReport& report, const jobspec::JobConfig& config);
+
+// The root cause's rank, as its attempt reports it (its error and traceback); null when the
+// root cause is no rank's or the attempt is not in the report.
+const RankOutcome* root_cause_rank(const JobReport& report);
 
 std::string to_json(const JobReport& report);
 // Reads what to_json wrote (agents under Slurm write one per node; `run` merges them).
 std::optional<JobReport> report_from_json(const std::string& text);
-// A few aligned lines: status, root cause, then one row per rank of the last attempt.
-std::string summarize(const JobReport& report);
+// A few aligned lines: status, root cause, one row per rank of the last attempt, and where the
+// report and logs are; report_error: why report.json could not be written ("" = it was).
+std::string summarize(const JobReport& report, std::string_view report_error = "");
 std::string describe_wait_status(int exit_code, int signal);  // "exited 3", "killed by SIGKILL"
 
 }  // namespace topolaunch::launcher

@@ -1,26 +1,19 @@
 // The environment of one worker: a pure function of the rank map entry and the job's facts, so it
-// is unit-tested without starting anything. Names follow torchrun (RANK, LOCAL_RANK, WORLD_SIZE,
-// LOCAL_WORLD_SIZE, GROUP_RANK, GROUP_WORLD_SIZE, ROLE_*, MASTER_ADDR, MASTER_PORT,
-// TORCHELASTIC_*), then the map's own (CUDA_VISIBLE_DEVICES, NCCL_IB_HCA, UCX_NET_DEVICES, ...),
-// then TOPOLAUNCH_*:
-//   TOPOLAUNCH_RANK, TOPOLAUNCH_WORLD_SIZE, TOPOLAUNCH_LOCAL_RANK, TOPOLAUNCH_NODE_RANK,
-//   TOPOLAUNCH_WIREUP=tcp, TOPOLAUNCH_STORE_ADDR (host:port), TOPOLAUNCH_STORE_SECRET,
-//   TOPOLAUNCH_RANKMAP_FILE, TOPOLAUNCH_CONFIG, TOPOLAUNCH_JOB_DIR, TOPOLAUNCH_CHECKPOINT_DIR,
-//   TOPOLAUNCH_HEARTBEAT_FILE, TOPOLAUNCH_ATTEMPT, TOPOLAUNCH_RUN_ID, TOPOLAUNCH_CPUS,
-//   TOPOLAUNCH_NUMA_NODE, TOPOLAUNCH_MEMORY_BUDGET_BYTES, TOPOLAUNCH_GPU_MEMORY_BUDGET_BYTES,
-//   TOPOLAUNCH_COMM_BUDGET_BYTES, TOPOLAUNCH_COMM_EXPOSED_BUDGET_US (budgets only when set).
-// Precedence: inherited < [worker].env < the map's env < the names above (which always win).
+// is unit-tested without starting anything. The names are the worker contract's
+// (jobspec/worker_contract.hpp: torchrun's, then the map's own, then TOPOLAUNCH_*).
+// Precedence: inherited < [worker].env < the map's env < the contract's names set here (which
+// always win). Budgets are not exported: the built-in worker reads [budget] from the job file
+// (TOPOLAUNCH_CONFIG) and the agent enforces the memory budgets itself. Under Slurm (SLURM_JOB_ID
+// inherited) SLURM_PROCID/LOCALID/NTASKS/NPROCS/NODEID describe the worker's rank, not the agent.
 #pragma once
 
-#include <map>
 #include <string>
 
-#include "topolaunch/launcher/job_config.hpp"
+#include "topolaunch/common/env.hpp"
+#include "topolaunch/jobspec/job_config.hpp"
 #include "topolaunch/topology/rankmap.hpp"
 
 namespace topolaunch::launcher {
-
-using Environment = std::map<std::string, std::string>;
 
 struct JobFacts {
   std::string run_id;
@@ -30,13 +23,18 @@ struct JobFacts {
   std::string store_address;  // our TCP store, host:port
   std::string store_secret;
   std::string rankmap_file;
-  std::string config_file;     // absolute
-  std::string job_dir;         // absolute
-  std::string checkpoint_dir;  // absolute
-  std::string heartbeat_file;  // of this rank
+  std::string config_file;        // absolute
+  std::string job_dir;            // absolute
+  std::string checkpoint_dir;     // absolute
+  std::string heartbeat_file;     // of this rank
+  std::string error_file;         // of this rank and attempt (TORCHELASTIC_ERROR_FILE)
+  std::string trace_file;         // of this rank and attempt (TOPOLAUNCH_TRACE_FILE)
+  std::string step_metrics_file;  // of this rank and attempt (TOPOLAUNCH_STEP_METRICS_FILE)
+  // A path that never exists, for OMPI_MCA_ess_singleton_server when WORLD_SIZE > 1 ("" = none).
+  std::string mpi_singleton_guard;
 };
 
-Environment worker_environment(const Environment& inherited, const JobConfig& config,
+Environment worker_environment(const Environment& inherited, const jobspec::JobConfig& config,
                                const topology::RankMap& map, int rank, const JobFacts& facts);
 
 }  // namespace topolaunch::launcher

@@ -56,6 +56,12 @@ class HostCommunicator {
   Status broadcast(void* data, std::size_t bytes, int root);
   // Ring all-reduce (reduce-scatter then all-gather), sum, in place.
   Status allreduce_sum(float* data, std::size_t count);
+  // The buffer in world_size() segments, segment s = [count*s/n, count*(s+1)/n): on return rank
+  // r's segment r holds the sum over ranks (the bits allreduce_sum puts there); the rest is
+  // partial. In place.
+  Status reduce_scatter_sum(float* data, std::size_t count);
+  // In place: every rank's segment r (as above) becomes rank r's. Elements of 1, 2, 4 or 8 bytes.
+  Status allgather(void* data, std::size_t count, std::size_t element_bytes);
   // bfloat16 stored as uint16_t; summed in fp32 and rounded to nearest even once per step.
   Status allreduce_sum_bf16(std::uint16_t* data, std::size_t count);
 

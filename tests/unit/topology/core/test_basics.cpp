@@ -100,6 +100,36 @@ TEST_CASE("NicFilter follows NCCL_IB_HCA syntax", "[nic]") {
   CHECK_FALSE(NicFilter::parse("=:1"));
 }
 
+TEST_CASE("NicFilter: the names asked for that select no NIC of a node", "[nic]") {
+  const std::vector<std::string> dgx{"mlx5_0", "mlx5_1", "mlx5_10"};
+  CHECK(NicFilter::parse("mlx5_0,nosuchnic9")->unmatched(dgx) ==
+        std::vector<std::string>{"nosuchnic9"});
+  CHECK(NicFilter::parse("mlx5")->unmatched(dgx).empty());  // a prefix that selects some
+  CHECK(NicFilter::parse("=mlx5")->unmatched(dgx) == std::vector<std::string>{"mlx5"});
+  CHECK(NicFilter::parse("^nosuchnic9")->unmatched(dgx).empty());  // excludes nothing: fine
+  CHECK(NicFilter::parse("")->unmatched({}).empty());
+  CHECK(NicFilter::parse("mlx5_0")->unmatched({}) == std::vector<std::string>{"mlx5_0"});
+}
+
+TEST_CASE("check_named_nics names the option, the node, the NIC and the node's NICs", "[nic]") {
+  NodeTopology topo;
+  for (const char* name : {"mlx5_0", "mlx5_1"}) {
+    Nic nic;
+    nic.name = name;
+    topo.nics.push_back(nic);
+  }
+  CHECK(check_named_nics(*NicFilter::parse("mlx5_1"), topo, "n1", "--topolaunch-nics=mlx5_1"));
+  auto missing =
+      check_named_nics(*NicFilter::parse("nosuchnic9"), topo, "n1", "--topolaunch-nics=nosuchnic9");
+  REQUIRE_FALSE(missing);
+  CHECK(missing.error().message ==
+        "--topolaunch-nics=nosuchnic9: node n1 has no NIC nosuchnic9 (its NICs: mlx5_0, mlx5_1)");
+  CHECK(missing.error().exit_code == 2);
+  auto none = check_named_nics(*NicFilter::parse("mlx5_0"), NodeTopology{}, "vm", "rdma.nics");
+  REQUIRE_FALSE(none);
+  CHECK(none.error().message == "rdma.nics: node vm has no NIC mlx5_0 (it has no RDMA NICs)");
+}
+
 TEST_CASE("Relation prints, parses and ranks like nvidia-smi", "[relation]") {
   for (const char* text : {"X", "NV18", "PIX", "PXB", "PHB", "NODE", "SYS"}) {
     auto r = Relation::parse(text);

@@ -1,6 +1,7 @@
 // Bad input never crashes: one line naming the file, exit code 2.
 #include <unistd.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 
@@ -70,6 +71,54 @@ TEST_CASE("bad topology files are rejected with one line naming the file", "[err
   std::string v3 = good;
   v3.replace(v3.find("version=\"2.0\""), 13, "version=\"3.0\"");
   check_rejected(dir.write("v3.xml", v3), "version 3.0");
+}
+
+TEST_CASE("objects whose sets hwloc 2.9 crashes on are refused before hwloc sees them",
+          "[errors]") {
+  // Found by tests/fuzz/fuzz_hwloc_xml: a NUMA node (or the root) with nodeset but no
+  // complete_nodeset, or the root with cpuset but no complete_cpuset, is a NULL bitmap inside
+  // hwloc_topology_load (SIGSEGV, both importers).
+  TempDir dir;
+  const std::string good = slurp(generated("dgx-h100.pci.xml"));
+  std::string numa = good;
+  const auto node = numa.find("<object type=\"NUMANode\"");
+  REQUIRE(node != std::string::npos);
+  const auto attr = numa.find(" complete_nodeset=\"", node);
+  numa.erase(attr, numa.find('"', attr + 19) + 1 - attr);
+  const auto line = 1 + std::count(numa.begin(), numa.begin() + static_cast<long>(node), '\n');
+  check_rejected(dir.write("numa.xml", numa), "numa.xml:" + std::to_string(line) +
+                                                  ": an <object> with nodeset without " +
+                                                  "complete_nodeset");
+  std::string root = good;
+  const auto cpuset = root.find(" complete_cpuset=\"");
+  root.erase(cpuset, root.find('"', cpuset + 18) + 1 - cpuset);
+  check_rejected(dir.write("root.xml", root), "cpuset without complete_cpuset");
+  // A '>' inside a quoted value does not end the tag: the attributes after it still count.
+  std::string quoted = numa;
+  quoted.insert(node + 7, " name=\"a>b\"");
+  check_rejected(dir.write("quoted.xml", quoted), "nodeset without complete_nodeset");
+  // Every real export keeps its pairs.
+  CHECK(load_xml_buffer(good, "dgx-h100.pci.xml").ok());
+}
+
+TEST_CASE("an xml that crashes hwloc in a shape no check knows is refused by the probe",
+          "[errors]") {
+  // Found by tests/fuzz/fuzz_hwloc_xml: hwloc's minimal parser reads the name of the attribute
+  // before an unbalanced quote up to the next '=' ("complete_nodesetx\" allowed_nodeset"), so
+  // the root loses complete_nodeset where no tag scan sees it; hwloc_topology_load() then
+  // crashes. The isolated import probe turns it into one line.
+  TempDir dir;
+  const std::string xml =
+      "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<topology version=\"2.0\">\n"
+      "  <object type=\"Machine\" os_index=\"0\" cpuset=\"0x1\" complete_cpuset=\"0x1\" "
+      "allowed_cpuset=\"0x1\" nodeset=\"0x1\" complete_nodesetx\" allowed_nodeset=\"0x1\" "
+      "gp_index=\"1\">\n"
+      "    <object type=\"NUMANode\" os_index=\"0\" cpuset=\"0x1\" complete_cpuset=\"0x1\" "
+      "nodeset=\"0x1\" complete_nodeset=\"0x1\" gp_index=\"2\"/>\n"
+      "    <object type=\"PU\" os_index=\"0\" cpuset=\"0x1\" complete_cpuset=\"0x1\" "
+      "nodeset=\"0x1\" complete_nodeset=\"0x1\" gp_index=\"3\"/>\n"
+      "  </object>\n</topology>\n";
+  check_rejected(dir.write("differential.xml", xml), "the parser crashed on this input");
 }
 
 TEST_CASE("bad topology json is rejected naming the origin", "[errors][json]") {

@@ -165,7 +165,7 @@ TEST_CASE("baseline round trip: save from DGX H100, then each edited fixture giv
 
 TEST_CASE("our capture of a live 2x H200 node (topodiag with NVML on the GPU host) replays") {
   // tests/fixtures/topology/h200x2.*: topodiag --json / --save-baseline on an nvidia-h200-x2
-  // device machine (tests/gpu/run_multi_gpu.sh, where nvidia-smi topo -m agreed on all 9 checks)
+  // device machine (tests/gpu/compare_topology.py, where nvidia-smi topo -m agreed on all 9 checks)
   const std::string baseline = topolaunch::topology::diagtest::env("TOPOLAUNCH_FIXTURES_DIR") +
                                "/topology/h200x2.baseline.json";
   const Run r = topodiag({"--input", baseline, "--baseline", baseline, "--json"});

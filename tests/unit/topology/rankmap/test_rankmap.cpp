@@ -1,5 +1,5 @@
 // Rank mapping: the map, its constraints, determinism, baselines and scores on the shared
-// fixtures (research topology.md R-MAP-1..5, issue 3 "What this must show").
+// fixtures (research topology.md R-MAP-1..5).
 #include <algorithm>
 #include <cstdlib>
 #include <filesystem>

@@ -19,7 +19,16 @@ struct NicFilter {
 
   static Result<NicFilter> parse(std::string_view nccl_ib_hca_syntax);
   bool selects(std::string_view nic_name) const;
+  // The names of `include` that select none of `nic_names` (NICs asked for that are not there;
+  // a name in `exclude` that matches nothing excludes nothing and is not reported).
+  std::vector<std::string> unmatched(const std::vector<std::string>& nic_names) const;
 };
+
+// An error (exit 2) when `filter` asks for NICs that `topo` lacks, naming them and the NICs the
+// node has: "<what>: node n1 has no NIC nosuchnic9 (its NICs: mlx5_0, mlx5_1)"; `what` is the
+// option or key the filter came from ("--topolaunch-nics=nosuchnic9", "rdma.nics").
+Status check_named_nics(const NicFilter& filter, const NodeTopology& topo, std::string_view node,
+                        std::string_view what);
 
 struct DiscoverOptions {
   NicFilter nics;        // NICs not selected get role `excluded`

@@ -12,6 +12,7 @@
 #include <utility>
 #include <vector>
 
+#include "topolaunch/common/env.hpp"
 #include "topolaunch/common/result.hpp"
 #include "topolaunch/topology/cpuset.hpp"
 #include "topolaunch/topology/mapping_spec.hpp"
@@ -38,8 +39,6 @@ struct NodeAllocation {
   static NodeAllocation everything() { return {}; }
   bool operator==(const NodeAllocation&) const = default;
 };
-
-using Environment = std::map<std::string, std::string>;
 
 // Pure: reads SLURM_STEP_GPUS (else SLURM_JOB_GPUS) and CUDA_VISIBLE_DEVICES from `env`.
 // A CUDA_VISIBLE_DEVICES of 0..n-1 next to different Slurm indexes means ConstrainDevices

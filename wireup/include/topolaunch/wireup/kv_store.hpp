@@ -27,19 +27,18 @@
 
 #include <chrono>
 #include <cstddef>
-#include <map>
 #include <memory>
 #include <span>
 #include <string>
 #include <string_view>
 #include <vector>
 
+#include "topolaunch/common/env.hpp"
 #include "topolaunch/common/result.hpp"
 
 namespace topolaunch::wireup {
 
 using Bytes = std::vector<std::byte>;
-using Env = std::map<std::string, std::string>;
 using std::chrono::milliseconds;
 
 // "name/rank": the conventional key for a per-rank value (e.g. rank_key("topo", 3) == "topo/3").
@@ -110,14 +109,12 @@ class KvStore {
 //   4. PMI_FD or PMI_RANK -> pmi2.
 // A backend that was not compiled in is an error that says so (never a silent fallback).
 enum class Backend { tcp, pmix, pmi2 };
-Result<Backend> choose_backend(const Env& env);
+Result<Backend> choose_backend(const Environment& env);
 
 // Connects (TCP: retries until connect_timeout, so workers may start before the server is up).
+// `env` is usually this process's: current_environment() (common/env.hpp).
 Result<std::unique_ptr<KvStore>> connect_from_env(
-    const Env& env, milliseconds connect_timeout = milliseconds(30000));
-
-// The process environment as an Env (environ), for the call above.
-Env current_environment();
+    const Environment& env, milliseconds connect_timeout = milliseconds(30000));
 
 // Backends compiled into this build, e.g. {"tcp", "pmix", "pmi2"}.
 std::vector<std::string> compiled_backends();

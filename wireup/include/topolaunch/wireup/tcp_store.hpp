@@ -37,8 +37,14 @@ struct TcpStoreServerOptions {
   std::size_t max_value_bytes = std::size_t{64} << 20;
   std::size_t max_clients = 16384;
   milliseconds auth_timeout{10000};  // a connection that does not authenticate by then is closed
-  // Where the server reports refused clients and bad frames (one line each). Default: stderr.
+  // Where the server reports refused clients and bad frames. Default: stderr. A burst of hostile
+  // peers does not flood the job's log: the first `refusals_in_full` refusals are one line each,
+  // the rest one count every `refusal_summary_every` ("refused 1195 more peers in 10.0 s: ...");
+  // after a quiet `refusal_summary_every` the next refusal is a line of its own again. stats()
+  // counts every refusal.
   std::function<void(std::string_view)> log;
+  std::size_t refusals_in_full = 5;
+  milliseconds refusal_summary_every{10000};
 
   // Relay mode (upstream non-empty): forward to the store at `upstream` (host:port) as one
   // participant standing for `ranks`, the ranks below this relay (its own clients' and its child
