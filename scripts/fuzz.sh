@@ -52,7 +52,7 @@ fuzz_env = dict(os.environ, LSAN_OPTIONS="suppressions=" + os.path.abspath(
     os.path.join(root, "lsan.supp")))
 # Per-harness libFuzzer flags: input size caps keep each run on the shapes that matter.
 max_len = {"hwloc_xml": 16384, "checkpoint": 4096, "token_file": 4096, "job_config": 4096,
-           "store_frames": 4096, "pmi2_codec": 2048, "spank_options": 1100}
+           "store_frames": 4096, "pmi2_codec": 2048, "spank_options": 1100, "safetensors": 4096}
 
 
 def cpu_of_children():
