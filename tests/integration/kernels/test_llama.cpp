@@ -48,7 +48,7 @@ TEST_CASE(
   REQUIRE(prepared.exit_code == 0);
   const fs::path job = source_root() / "configs" / "jobs" / "tiny-llama-cpu.toml";
   const fs::path metrics = d.path / "metrics.jsonl";
-  const std::string port = std::to_string(free_port_base() + 100);
+  const std::string port = std::to_string(free_port_base(2));
   std::vector<pid_t> pids;
   for (int r = 0; r < 2; ++r)
     pids.push_back(

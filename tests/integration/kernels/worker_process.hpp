@@ -3,7 +3,9 @@
 #pragma once
 
 #include <fcntl.h>
+#include <netinet/in.h>
 #include <sys/resource.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -119,7 +121,36 @@ inline std::size_t count_lines(const fs::path& p) {
   return static_cast<std::size_t>(std::count(s.begin(), s.end(), '\n'));
 }
 
-inline int free_port_base() { return 20000 + static_cast<int>(::getpid() % 20000); }
+// A MASTER_PORT for `world` ranks (the ring listens on MASTER_PORT+1+rank): ports below the
+// kernel's ephemeral range (where no outgoing connection takes them), each of which binds now.
+// Successive calls move on, so a run never reuses the ports of the one before it.
+inline int free_port_base(int world = 8) {
+  int ephemeral_low = 32768;
+  std::ifstream("/proc/sys/net/ipv4/ip_local_port_range") >> ephemeral_low;
+  const int low = 10000, span = std::max(1000, ephemeral_low - low - 64);
+  static int next = static_cast<int>(::getpid() % span);
+  auto binds = [](int port) {
+    const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    const int one = 1;
+    ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);  // as the ring does
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_port = htons(static_cast<std::uint16_t>(port));
+    addr.sin_addr.s_addr = htonl(INADDR_ANY);
+    const bool ok = ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0;
+    ::close(fd);
+    return ok;
+  };
+  for (int tries = 0; tries < span; tries += world + 1) {
+    const int base = low + next;
+    next = (next + world + 1) % span;
+    bool all = true;
+    for (int p = base; p <= base + world && all; ++p) all = binds(p);
+    if (all) return base;
+  }
+  FAIL("no " << world + 1 << " consecutive free ports between " << low << " and " << low + span);
+  return 0;
+}
 
 inline void require_janeaustenr() {
   if (!fs::exists("/usr/lib/R/site-library/janeaustenr/data/Rdata.rdb"))
