@@ -158,19 +158,36 @@ Bytes encode_gathered(const std::vector<const Bytes*>& values) {
   return out.take();
 }
 
-std::optional<std::vector<Bytes>> decode_gathered(std::span<const std::byte> payload,
-                                                  std::size_t expected_count) {
+std::optional<Gathered> decode_gathered(Bytes payload, std::size_t expected_count) {
   PayloadReader in(payload);
   auto count = in.u64();
   if (!count || *count != expected_count) return std::nullopt;
-  std::vector<Bytes> values;
-  values.reserve(expected_count);
+  // Each value moves down over the length fields before it; it never overlaps what is unread.
+  std::vector<std::size_t> offsets;
+  offsets.reserve(expected_count + 1);
+  offsets.push_back(0);
+  std::byte* packed = payload.data();
   for (std::size_t i = 0; i < expected_count; ++i) {
     auto value = in.bytes();
     if (!value) return std::nullopt;
-    values.emplace_back(value->begin(), value->end());
+    std::memmove(packed, value->data(), value->size());
+    packed += value->size();
+    offsets.push_back(static_cast<std::size_t>(packed - payload.data()));
   }
   if (!in.at_end()) return std::nullopt;
+  payload.resize(offsets.back());
+  return Gathered(std::move(payload), std::move(offsets));
+}
+
+std::optional<std::vector<Bytes>> decode_values(Bytes payload, std::size_t expected_count) {
+  auto gathered = decode_gathered(std::move(payload), expected_count);
+  if (!gathered) return std::nullopt;
+  std::vector<Bytes> values;
+  values.reserve(gathered->size());
+  for (std::size_t i = 0; i < gathered->size(); ++i) {
+    auto value = (*gathered)[i];
+    values.emplace_back(value.begin(), value.end());
+  }
   return values;
 }
 

@@ -87,10 +87,13 @@ class PayloadReader {
   std::size_t pos_ = 0;
 };
 
-// The reply of allgather / allgather_group: u64 count, then count values (rank order).
+// The reply of allgather / allgather_group / get_many: u64 count, then count values (rank order).
 Bytes encode_gathered(const std::vector<const Bytes*>& values);
-// nullopt when malformed or when the count is not expected_count.
-std::optional<std::vector<Bytes>> decode_gathered(std::span<const std::byte> payload,
-                                                  std::size_t expected_count);
+// Decodes in place: the values are moved together inside the payload's own buffer, so a reply
+// of W values costs no allocation per value. nullopt when malformed or when the count is not
+// expected_count.
+std::optional<Gathered> decode_gathered(Bytes payload, std::size_t expected_count);
+// The same reply as one vector per value (get_many's result).
+std::optional<std::vector<Bytes>> decode_values(Bytes payload, std::size_t expected_count);
 
 }  // namespace topolaunch::wireup::proto

@@ -107,12 +107,12 @@ class PmixStore final : public KvStore {
     return ok_status();
   }
 
-  Result<std::vector<Bytes>> allgather(std::string_view name, std::span<const std::byte> mine,
-                                       milliseconds timeout) override {
+  Result<Gathered> allgather(std::string_view name, std::span<const std::byte> mine,
+                             milliseconds timeout) override {
     if (auto s = put(rank_key(name, rank()), mine); !s) return s.error();
     if (auto s = fence(timeout); !s) return s.error();
-    std::vector<Bytes> values;
-    values.reserve(static_cast<std::size_t>(size_));
+    Gathered values;  // reserved as if every value were the size of this rank's
+    values.reserve(static_cast<std::size_t>(size_), static_cast<std::size_t>(size_) * mine.size());
     pmix_info_t info;
     bool local_only = true;
     PMIX_INFO_LOAD(&info, PMIX_OPTIONAL, &local_only, PMIX_BOOL);
@@ -131,7 +131,7 @@ class PmixStore final : public KvStore {
         PMIX_INFO_DESTRUCT(&info);
         return bytes.error();
       }
-      values.push_back(std::move(*bytes));
+      values.push_back(*bytes);
     }
     PMIX_INFO_DESTRUCT(&info);
     return values;

@@ -113,22 +113,13 @@ Result<std::vector<Bytes>> TcpStoreClient::get_many(const std::vector<std::strin
   request.u64(timeout.count());
   auto reply = impl_->request(Op::get_many, request.data(), timeout);
   if (!reply) return reply.error();
-  proto::PayloadReader in(*reply);
-  auto count = in.u64();
-  if (!count || *count != keys.size()) return impl_->fail("get_many: malformed reply");
-  std::vector<Bytes> values;
-  values.reserve(keys.size());
-  for (std::size_t i = 0; i < keys.size(); ++i) {
-    auto value = in.bytes();
-    if (!value) return impl_->fail("get_many: malformed reply");
-    values.emplace_back(value->begin(), value->end());
-  }
-  return values;
+  auto values = proto::decode_values(std::move(*reply), keys.size());
+  if (!values) return impl_->fail("get_many: malformed reply");
+  return std::move(*values);
 }
 
-Result<std::vector<Bytes>> TcpStoreClient::allgather(std::string_view name,
-                                                     std::span<const std::byte> mine,
-                                                     milliseconds timeout) {
+Result<Gathered> TcpStoreClient::allgather(std::string_view name, std::span<const std::byte> mine,
+                                           milliseconds timeout) {
   if (auto r = impl_->check_value_size(name, mine.size()); !r) return r.error();
   if (impl_->options.rank < 0) return impl_->fail("allgather: this client has no rank");
   if (auto r = commit(); !r) return r.error();  // staged puts are visible to the others after it
@@ -136,9 +127,9 @@ Result<std::vector<Bytes>> TcpStoreClient::allgather(std::string_view name,
       Op::allgather, proto::PayloadWriter().str(name).u64(timeout.count()).bytes(mine).take(),
       timeout);
   if (!reply) return reply.error();
-  auto values = proto::decode_gathered(*reply, static_cast<std::size_t>(size()));
-  if (!values) return impl_->fail("allgather '" + std::string(name) + "': malformed reply");
-  return std::move(*values);
+  auto gathered = proto::decode_gathered(std::move(*reply), static_cast<std::size_t>(size()));
+  if (!gathered) return impl_->fail("allgather '" + std::string(name) + "': malformed reply");
+  return std::move(*gathered);
 }
 
 Status TcpStoreClient::set(std::string_view key, std::span<const std::byte> value) {

@@ -888,7 +888,7 @@ class TcpStoreServer::Impl {
                    [this, wanted](Result<Bytes> result) {
                      for (const auto& key : wanted) in_flight_.erase(key);
                      std::optional<std::vector<Bytes>> values;
-                     if (result) values = proto::decode_gathered(*result, wanted.size());
+                     if (result) values = proto::decode_values(std::move(*result), wanted.size());
                      if (!values) {
                        fail_waiters_of(wanted, result ? std::string("relay: malformed reply")
                                                       : result.error().message);

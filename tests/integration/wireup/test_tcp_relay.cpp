@@ -23,7 +23,7 @@ Bytes bytes_of(std::string_view text) {
   return Bytes(span.begin(), span.end());
 }
 
-std::string text_of(const Bytes& bytes) {
+std::string text_of(std::span<const std::byte> bytes) {
   return std::string(reinterpret_cast<const char*>(bytes.data()), bytes.size());
 }
 
@@ -117,7 +117,7 @@ TEST_CASE("allgather gives every rank all values in rank order; rank keys hold t
   auto root = root_store(4, log);
   std::vector<std::unique_ptr<TcpStoreClient>> clients;
   for (int rank = 0; rank < 4; ++rank) clients.push_back(client(*root, rank, 4));
-  std::vector<std::future<Result<std::vector<Bytes>>>> futures;
+  std::vector<std::future<Result<Gathered>>> futures;
   for (int rank = 0; rank < 4; ++rank) {
     futures.push_back(std::async(std::launch::async, [&, rank] {
       return clients[rank]->allgather("addr", bytes_of("rank " + std::to_string(rank)), 5000ms);

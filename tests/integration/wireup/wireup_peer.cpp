@@ -12,6 +12,7 @@
 //       every rank gets and checks it. Prints {"rank":R,"shared":"ok"}.
 //   wireup_peer hang
 //       connect, take part in the first fence, print "ready", then sleep (to be killed).
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -88,7 +89,7 @@ int main(int argc, char** argv) {
       if (values->size() != static_cast<std::size_t>(kv.size()))
         return fail("allgather returned " + std::to_string(values->size()) + " values");
       for (int peer = 0; peer < kv.size(); ++peer) {
-        if ((*values)[peer] != value_of(peer, round, bytes))
+        if (!std::ranges::equal((*values)[peer], value_of(peer, round, bytes)))
           return fail("wrong value from rank " + std::to_string(peer));
       }
       fenced = std::chrono::steady_clock::now();

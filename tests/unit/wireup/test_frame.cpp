@@ -1,4 +1,6 @@
 // The TCP store's wire format: frames round-trip, and anything malformed is refused.
+#include <algorithm>
+
 #include "catch.hpp"
 #include "frame.hpp"
 
@@ -45,22 +47,39 @@ TEST_CASE("an empty value is a value, not an absence") {
 
 TEST_CASE("a gathered reply round-trips every rank's value in order, empty ones included") {
   Bytes a = bytes_of("rank zero"), b, c{std::byte{0}, std::byte{0xff}};
-  auto payload = proto::encode_gathered({&a, &b, &c});
-  auto values = proto::decode_gathered(payload, 3);
+  auto gathered = proto::decode_gathered(proto::encode_gathered({&a, &b, &c}), 3);
+  REQUIRE(gathered.has_value());
+  REQUIRE(gathered->size() == 3);
+  CHECK(std::ranges::equal((*gathered)[0], a));
+  CHECK((*gathered)[1].empty());
+  CHECK(std::ranges::equal((*gathered)[2], c));
+}
+
+TEST_CASE("a gathered reply decodes in place: its values lie back to back in one buffer") {
+  Bytes a = bytes_of("first"), b = bytes_of("second"), c = bytes_of("third");
+  auto gathered = proto::decode_gathered(proto::encode_gathered({&a, &b, &c}), 3);
+  REQUIRE(gathered.has_value());
+  CHECK((*gathered)[0].data() + a.size() == (*gathered)[1].data());
+  CHECK((*gathered)[1].data() + b.size() == (*gathered)[2].data());
+  CHECK(std::ranges::equal((*gathered)[1], b));
+}
+
+TEST_CASE("a get_many reply decodes into one vector per value") {
+  Bytes a = bytes_of("abc"), b;
+  auto values = proto::decode_values(proto::encode_gathered({&a, &b}), 2);
   REQUIRE(values.has_value());
-  CHECK((*values)[0] == a);
-  CHECK((*values)[1].empty());
-  CHECK((*values)[2] == c);
+  CHECK(*values == std::vector<Bytes>{a, b});
 }
 
 TEST_CASE("a gathered reply with another count, a short value or trailing bytes is refused") {
   Bytes a = bytes_of("abc");
   auto payload = proto::encode_gathered({&a, &a});
   CHECK_FALSE(proto::decode_gathered(payload, 3).has_value());
-  CHECK_FALSE(proto::decode_gathered(std::span(payload).first(payload.size() - 1), 2).has_value());
+  CHECK_FALSE(proto::decode_gathered(Bytes(payload.begin(), payload.end() - 1), 2).has_value());
   auto longer = payload;
   longer.push_back(std::byte{0});
   CHECK_FALSE(proto::decode_gathered(longer, 2).has_value());
+  CHECK_FALSE(proto::decode_values(longer, 2).has_value());
 }
 
 TEST_CASE("headers with a wrong magic, version or op, or too large, are refused with a reason") {

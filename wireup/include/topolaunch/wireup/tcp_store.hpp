@@ -152,8 +152,8 @@ class TcpStoreClient final : public KvStore {
   Result<std::vector<Bytes>> get_many(const std::vector<std::string>& keys,
                                       milliseconds timeout) override;
   // One round trip (commits staged puts first).
-  Result<std::vector<Bytes>> allgather(std::string_view name, std::span<const std::byte> mine,
-                                       milliseconds timeout) override;
+  Result<Gathered> allgather(std::string_view name, std::span<const std::byte> mine,
+                             milliseconds timeout) override;
 
   // Direct store operations (TCP backend only).
   Status set(std::string_view key, std::span<const std::byte> value);  // immediate
