@@ -116,6 +116,10 @@ std::string_view op_name(OpKind kind) {
       return "sharded_global_norm";
     case OpKind::sharded_adamw:
       return "sharded_adamw";
+    case OpKind::classifier_forward:
+      return "classifier_forward";
+    case OpKind::classifier_backward:
+      return "classifier_backward";
   }
   return "?";
 }
@@ -592,6 +596,19 @@ void append_optimizer(Graph& g) {
   g.add_op(Op{OpKind::zero, Phase::optimizer, "zero grads", {}, grads});
 }
 
+std::size_t classifier_backward_of(const Graph& g, std::size_t forward) {
+  const Op& f = g.ops[forward];
+  if (f.kind != OpKind::classifier_forward) return g.ops.size();
+  for (std::size_t j = forward + 1; j < g.ops.size(); ++j) {
+    const Op& b = g.ops[j];
+    // (x may be a recomputed copy of the forward's x: the same values)
+    if (b.kind == OpKind::classifier_backward && b.inputs[1] == f.inputs[1] &&
+        b.inputs[2] == f.inputs[2])
+      return j;
+  }
+  return g.ops.size();
+}
+
 double op_flops(const Graph& g, const Op& op) {
   auto el = [&](TensorId t) { return static_cast<double>(g[t].elements()); };
   switch (op.kind) {
@@ -646,6 +663,14 @@ double op_flops(const Graph& g, const Op& op) {
       return 5.0 * el(op.inputs[0]);
     case OpKind::crossentropy_backward:
       return 5.0 * el(op.inputs[0]);
+    case OpKind::classifier_forward:
+    case OpKind::classifier_backward: {
+      const auto& w = g[op.inputs[1]].shape;  // (Vp, C)
+      const double logits =
+          el(op.inputs[0]) / static_cast<double>(w[1]) * static_cast<double>(w[0]);
+      const double gemms = op.kind == OpKind::classifier_forward ? 1 : 2;
+      return gemms * 2.0 * logits * static_cast<double>(w[1]) + 5.0 * logits;
+    }
     case OpKind::adamw:
     case OpKind::sharded_adamw:
       return 12.0 * el(op.inputs[0]);

@@ -97,6 +97,72 @@ std::size_t place(std::vector<Buffer>& bufs, const std::vector<std::size_t>& ord
 
 }  // namespace
 
+std::int64_t auto_classifier_chunk_rows(std::int64_t rows, std::size_t logits_bytes) {
+  if (logits_bytes <= kClassifierChunkMinBytes) return 0;
+  std::int64_t r = (rows + kClassifierChunks - 1) / kClassifierChunks;
+  r = std::max<std::int64_t>((r + 63) / 64 * 64, 1024);
+  return r < rows ? r : 0;
+}
+
+std::int64_t chunk_classifier(Graph& g, std::int64_t chunk_rows) {
+  if (chunk_rows == 0) return 0;
+  const std::size_t none = g.ops.size();
+  auto find = [&](auto&& match) {
+    for (std::size_t i = 0; i < g.ops.size(); ++i)
+      if (match(g.ops[i])) return i;
+    return none;
+  };
+  const std::size_t ce_f = find([](const Op& o) {
+    return o.kind == OpKind::crossentropy_forward && o.phase == Phase::forward;
+  });
+  if (ce_f == none) return 0;
+  const TensorId logits = g.ops[ce_f].inputs[0];
+  const std::size_t head_f =
+      find([&](const Op& o) { return o.kind == OpKind::matmul_forward && o.outputs[0] == logits; });
+  const std::size_t ce_b = find([&](const Op& o) {
+    return o.kind == OpKind::crossentropy_backward && o.inputs[0] == logits;
+  });
+  if (head_f == none || ce_b == none || g.ops[head_f].inputs.size() != 2) return 0;
+  const TensorId dlogits = g.ops[ce_b].outputs[0];
+  const std::size_t head_b = find(
+      [&](const Op& o) { return o.kind == OpKind::matmul_backward && o.inputs[0] == dlogits; });
+  if (head_b == none || head_f > ce_f || ce_b > head_b) return 0;
+  const TensorId x = g.ops[head_f].inputs[0], w = g.ops[head_f].inputs[1];
+  const std::int64_t Vp = g[w].shape[0], C = g[w].shape[1], N = g[x].elements() / C;
+  if (chunk_rows < 0) chunk_rows = auto_classifier_chunk_rows(N, g[logits].bytes());
+  if (chunk_rows <= 0 || chunk_rows >= N) return 0;
+
+  const Op& ce = g.ops[ce_f];
+  Op forward{OpKind::classifier_forward, Phase::forward, "classifier"};
+  forward.inputs = {x, w, ce.inputs[1]};
+  forward.outputs = {ce.outputs[0]};
+  forward.vocab = ce.vocab;
+  forward.chunk_rows = chunk_rows;
+  forward.workspace =
+      g.add_tensor("classifier.logits_chunk", {chunk_rows, Vp}, g[logits].dtype, Role::workspace);
+  Op backward = forward;
+  backward.kind = OpKind::classifier_backward;
+  backward.phase = Phase::backward;
+  backward.inputs.push_back(g.ops[ce_b].inputs[2]);  // scalars: the loss scale
+  backward.outputs = {g.ops[head_b].outputs[0], g.ops[head_b].outputs[1], ce.outputs[0]};
+  backward.workspace =
+      g.add_tensor("classifier.dlogits_chunk", {chunk_rows, Vp}, g[logits].dtype, Role::workspace);
+  std::vector<Op> ops;
+  ops.reserve(g.ops.size() - 2);
+  for (std::size_t i = 0; i < g.ops.size(); ++i) {
+    if (i == ce_f || i == ce_b) continue;
+    if (i == head_f)
+      ops.push_back(forward);
+    else if (i == head_b)
+      ops.push_back(backward);
+    else
+      ops.push_back(std::move(g.ops[i]));
+  }
+  g.ops = std::move(ops);
+  g[logits].grad = kNoTensor;  // logits and dlogits are no op's operands now
+  return chunk_rows;
+}
+
 int fuse_elementwise(Graph& g) {
   // Count readers of every tensor: a residual sum may be fused only into its layernorm's op slot
   // when that layernorm directly follows it (the sum itself stays an output: backward needs it).
@@ -442,6 +508,7 @@ Result<Plan> compile_plan(Graph graph, const PlanOptions& opt) {
   Plan plan;
   plan.memory_budget_bytes = opt.memory_budget_bytes;
   if (opt.fuse) plan.fused_pairs = fuse_elementwise(graph);
+  plan.classifier_chunk_rows = chunk_classifier(graph, opt.classifier_chunk_rows);
   if (opt.fused_attention_workspace && graph.precision.fp32_statistics)
     size_fused_attention_workspace(graph);
   for (const auto& op : graph.ops) plan.step_flops += op_flops(graph, op);
@@ -697,6 +764,18 @@ std::string format_plan(const Plan& p, bool list_ops) {
                 per_phase[Phase::recompute], per_phase[Phase::communication],
                 per_phase[Phase::optimizer], g.tensors.size(), g.parameter_count(), p.fused_pairs);
   s += line;
+  if (p.classifier_chunk_rows > 0)
+    for (const auto& op : g.ops)
+      if (op.kind == OpKind::classifier_backward) {
+        const std::int64_t rows = g[op.inputs[0]].elements() / g[op.inputs[1]].shape[1];
+        std::snprintf(line, sizeof line,
+                      "classifier: logits of %lld rows in chunks of %lld (workspace %s each for "
+                      "the forward and the backward)\n",
+                      static_cast<long long>(rows), static_cast<long long>(p.classifier_chunk_rows),
+                      format_bytes(g[op.workspace].bytes()).c_str());
+        s += line;
+        break;
+      }
   if (list_ops) {
     s += "ops:\n";
     for (std::size_t i = 0; i < g.ops.size(); ++i) {

@@ -47,6 +47,9 @@ CpuExecutor<F>::CpuExecutor(const Plan& plan) : plan_(plan) {
       break;
     }
   }
+  classifier_backward_.resize(plan_.graph.ops.size());
+  for (std::size_t i = 0; i < plan_.graph.ops.size(); ++i)
+    classifier_backward_[i] = classifier_backward_of(plan_.graph, i);
 }
 
 template <class F>
@@ -222,6 +225,28 @@ void CpuExecutor<F>::run_op(const Op& op, Communicator* comm, bool last, Status&
                                  d(op.inputs[2])[kLossScale], N, op.vocab, Vp);
       break;
     }
+    case OpKind::classifier_forward:
+    case OpKind::classifier_backward: {
+      // Chunk by chunk, in row order: the same sums in the same order as the unchunked ops.
+      const std::int64_t Vp = shape(op.inputs[1])[0], C = shape(op.inputs[1])[1];
+      const std::int64_t N = el(op.inputs[0]) / C, rows = op.chunk_rows;
+      const bool backward = op.kind == OpKind::classifier_backward;
+      F* losses = d(backward ? op.outputs[2] : op.outputs[0]);
+      F* logits = d(op.workspace);
+      for (std::int64_t r0 = 0; r0 < N; r0 += rows) {
+        const std::int64_t n = std::min(rows, N - r0);
+        const F* x = d(op.inputs[0]) + r0 * C;
+        const std::int32_t* targets = ints(op.inputs[2]) + r0;
+        cpu::matmul_forward(logits, x, d(op.inputs[1]), static_cast<const F*>(nullptr), n, C, Vp);
+        cpu::crossentropy_forward(losses + r0, logits, targets, n, op.vocab, Vp);
+        if (!backward) continue;
+        cpu::crossentropy_backward(logits, logits, targets, d(op.inputs[3])[kLossScale], n,
+                                   op.vocab, Vp);
+        cpu::matmul_backward(d(op.outputs[0]) + r0 * C, d(op.outputs[1]), static_cast<F*>(nullptr),
+                             logits, x, d(op.inputs[1]), n, C, Vp);
+      }
+      break;
+    }
     case OpKind::zero:
       for (auto t : op.outputs) std::memset(static_cast<void*>(d(t)), 0, g[t].bytes());
       break;
@@ -330,6 +355,7 @@ template <class F>
 void CpuExecutor<F>::run_ops(std::size_t begin, std::size_t end, Communicator* comm,
                              bool last_micro_step, Status& status) {
   for (std::size_t i = begin; i < end && status.ok(); ++i) {
+    if (classifier_backward_[i] < end) continue;  // its backward writes the losses
     if (observer_ != nullptr) observer_->op_begin(i);
     run_op(plan_.graph.ops[i], comm, last_micro_step, status);
     if (observer_ != nullptr) observer_->op_end(i);

@@ -121,6 +121,10 @@ Signature signature(OpKind kind) {
       return {"", "f"};
     case OpKind::sharded_adamw:
       return {"fff", "bfff"};
+    case OpKind::classifier_forward:
+      return {"bbi", "f"};
+    case OpKind::classifier_backward:
+      return {"bbif", "bff"};
   }
   return {"", ""};
 }
@@ -278,6 +282,9 @@ Status CudaExecutor::init() {
       first_backward_op_ = i;
       break;
     }
+  classifier_backward_.resize(g.ops.size());
+  for (std::size_t i = 0; i < g.ops.size(); ++i)
+    classifier_backward_[i] = classifier_backward_of(g, i);
   fused_with_next_.assign(g.ops.size(), 0);
   if (options_.fuse_classifier) {
     for (std::size_t i = 0; i + 1 < g.ops.size(); ++i) {
@@ -305,8 +312,9 @@ Status CudaExecutor::init() {
         if (!reads && !writes) continue;
         const bool gelu = o.kind == OpKind::gelu_backward && o.outputs.size() == 1;
         // matmul_backward's dx (outputs[0]) with beta 0; its dw/db accumulate as before
-        const bool matmul = o.kind == OpKind::matmul_backward && o.outputs[0] == t &&
-                            std::count(o.outputs.begin(), o.outputs.end(), t) == 1;
+        const bool matmul =
+            (o.kind == OpKind::matmul_backward || o.kind == OpKind::classifier_backward) &&
+            o.outputs[0] == t && std::count(o.outputs.begin(), o.outputs.end(), t) == 1;
         // cuDNN's attention backward overwrites dqkv (chosen only where it is the first writer)
         const bool attention = o.kind == OpKind::attention_backward && cudnn_backward_[j] != 0;
         if ((gelu || matmul || attention) && writes && !reads && o.phase == z.phase) {
@@ -1208,6 +1216,7 @@ Status CudaExecutor::enqueue_range(std::size_t begin, std::size_t end, bool comm
   bool joined = false;
   for (std::size_t i = begin; i < end; ++i) {
     if (i > begin && fused_with_next_[i - 1]) continue;  // ran with its crossentropy_forward
+    if (classifier_backward_[i] < end) continue;         // its backward writes the losses
     if (gelu_fused_into_[i] != kNoPartner && gelu_fused_into_[i] >= begin)
       continue;  // ran in its GEMM's epilogue
     const bool profile = !op_start_.empty();
@@ -1393,6 +1402,39 @@ Status CudaExecutor::enqueue_op(std::size_t index, bool communicate, bool fuse, 
       } else {
         crossentropy_forward(F(op.outputs[0]), B(op.inputs[0]), I(op.inputs[1]), N, op.vocab, Vp,
                              stream_);
+      }
+      break;
+    }
+    case OpKind::classifier_forward:
+    case OpKind::classifier_backward: {
+      // Chunk by chunk: the logits of `rows` rows in the workspace, the loss (and its gradient in
+      // place), then dx rows (overwritten when its zero was skipped) and dw += (fp32).
+      const std::int64_t Vp = shape(op.inputs[1])[0], C = shape(op.inputs[1])[1];
+      const std::int64_t N = el(op.inputs[0]) / C, rows = op.chunk_rows;
+      const bool backward = op.kind == OpKind::classifier_backward;
+      float* losses = F(backward ? op.outputs[2] : op.outputs[0]);
+      bf16* logits = B(op.workspace);
+      const bf16* w = B(op.inputs[1]);
+      for (std::int64_t r0 = 0; r0 < N; r0 += rows) {
+        const std::int64_t n = std::min(rows, N - r0);
+        const bf16* x = B(op.inputs[0]) + r0 * C;
+        const std::int32_t* targets = I(op.inputs[2]) + r0;
+        cublasStatus_t st = matmul_->matmul_forward(logits, x, w, nullptr, n, C, Vp, stream_);
+        if (st == CUBLAS_STATUS_SUCCESS && backward) {
+          crossentropy_forward_backward(losses + r0, logits, logits, targets,
+                                        F(op.inputs[3]) + kLossScale, n, op.vocab, Vp, stream_);
+          st = matmul_->matmul_backward_dx(B(op.outputs[0]) + r0 * C, logits, w, n, C, Vp, stream_,
+                                           overwrite_[index] != 0);
+          if (st == CUBLAS_STATUS_SUCCESS)
+            st = matmul_->matmul_backward_dw(F(op.outputs[1]), nullptr, logits, x, n, C, Vp,
+                                             stream_);
+        } else if (st == CUBLAS_STATUS_SUCCESS) {
+          crossentropy_forward(losses + r0, logits, targets, n, op.vocab, Vp, stream_);
+        }
+        if (st != CUBLAS_STATUS_SUCCESS)
+          return make_error("cuda backend: " + where() + ": cuBLASLt status " +
+                                std::to_string(static_cast<int>(st)),
+                            1);
       }
       break;
     }
@@ -1681,6 +1723,8 @@ CudaExecutor::OpExecution CudaExecutor::execution_of(std::size_t i) const {
     e.runs_in = gelu_fused_into_[i];
   } else if (op.kind == OpKind::adamw && adamw_folded_[i]) {
     e.runs_in = first_adamw_op_;
+  } else if (classifier_backward_[i] < g.ops.size()) {  // a training step's backward computes it
+    e.runs_in = classifier_backward_[i];
   } else {
     e.runs_in = i;
   }

@@ -250,7 +250,10 @@ class CudaExecutor {
   std::vector<std::uint8_t> cudnn_backward_;
   AttentionChoice attention_choice_;
   std::size_t first_optimizer_op_ = 0, first_backward_op_ = 0;
-  std::vector<std::uint8_t> fused_with_next_;        // crossentropy forward+backward pairs
+  std::vector<std::uint8_t> fused_with_next_;  // crossentropy forward+backward pairs
+  // Per op: the classifier_backward of a classifier_forward, else ops.size() (a range holding both
+  // skips the forward: the backward writes the losses).
+  std::vector<std::size_t> classifier_backward_;
   std::vector<std::uint8_t> skip_zero_, overwrite_;  // overwrite_first_gradient
   // fuse_gelu: the gelu op run inside a GEMM op's epilogue (per op: its partner's index, or
   // kNoPartner), and the inverse (the gelu op's GEMM op)

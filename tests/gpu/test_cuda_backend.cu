@@ -87,12 +87,13 @@ tk::GptConfig small_gpt() {
 }
 
 tk::Plan make_plan(const tk::Precision& precision, int world_size,
-                   bool fused_attention_workspace = true) {
+                   bool fused_attention_workspace = true, std::int64_t classifier_chunk_rows = -1) {
   tk::Graph g = tk::build_gpt2(small_gpt(), precision);
   tk::append_backward(g);
   tk::append_optimizer(g);
   tk::PlanOptions po;
   po.fused_attention_workspace = fused_attention_workspace;
+  po.classifier_chunk_rows = classifier_chunk_rows;
   po.comm.world_size = world_size;
   if (world_size > 1) po.comm.bucket_cap_bytes = 64 << 10;  // many buckets
   return must(tk::compile_plan(std::move(g), po), "compile_plan");
@@ -317,6 +318,36 @@ int main(int argc, char** argv) {
   check(ex->gelu_ops_fused() > 0 && ex3->gelu_ops_fused() == 0,
         fmt("gelu in the GEMM epilogues: %zu gelu ops fused by default, none with fuse_gelu off",
             ex->gelu_ops_fused()));
+
+  // ---- the classifier in row chunks ----
+  for (const std::int64_t rows : {BT / 4, BT / 3}) {  // 4 equal chunks; 3 + a short last one
+    const tk::Plan chunked_plan = make_plan(tk::Precision::cuda_bf16(), 1, true, rows);
+    check(chunked_plan.classifier_chunk_rows == rows &&
+              chunked_plan.memory.arena_bytes < gpu_plan.memory.arena_bytes,
+          fmt("chunked classifier plan: %lld rows per chunk, arena %s against %s",
+              static_cast<long long>(chunked_plan.classifier_chunk_rows),
+              tk::format_bytes(chunked_plan.memory.arena_bytes).c_str(),
+              tk::format_bytes(gpu_plan.memory.arena_bytes).c_str()));
+    for (const auto mode : {gpu::ExecutionMode::graph, gpu::ExecutionMode::op_by_op}) {
+      gpu::CudaExecutorOptions o = own;
+      o.mode = mode;
+      auto exc = must(gpu::CudaExecutor::create(chunked_plan, o), "create chunked");
+      must(exc->init_parameters(kSeed), "init_parameters");
+      must(exc->set_batch(tokens, targets), "set_batch");
+      exc->set_loss_scale(loss_scale);
+      must(exc->run_forward(), "run_forward (chunked)");
+      const double l0 = must(exc->mean_loss(), "mean_loss");
+      const auto chunked_losses = train_gpu(*exc, tokens, targets, loss_scale, adamw);
+      worst = 0;
+      for (int i = 0; i < kSteps; ++i)
+        worst = std::max(worst, std::fabs(chunked_losses[i] - graph_losses[i]) / graph_losses[i]);
+      check(std::fabs(l0 - gpu_loss0) <= 1e-4 * gpu_loss0 && worst <= 1e-3,
+            fmt("classifier in chunks of %lld rows (%s): forward-only loss %.6f vs %.6f, 10-step "
+                "losses vs whole logits worst relative %.2e <= 1e-3",
+                static_cast<long long>(rows),
+                mode == gpu::ExecutionMode::graph ? "graph" : "op by op", l0, gpu_loss0, worst));
+    }
+  }
 
   // ---- the optimizer alone: multi-tensor vs per-tensor AdamW, fixed-order norm ----
   {

@@ -9,11 +9,13 @@
 // what the process held before the executor existed) and, for the whole-step graph, its nodes;
 // and the attention implementation in use (own | cudnn), with the timings an auto choice made.
 //
-// usage: gpt2_bench [config ...]  where config = B:mode[:budget_gib][:attention][:nogelu][:model],
+// usage: gpt2_bench [config ...]  where config =
+//        B:mode[:budget_gib][:attention][:nogelu][:nochunk][:model],
 //        mode = graph | op_by_op | profile (op by op with an event pair per op: the step by op
 //        kind with bytes, FLOPs and the H200's bounds, one "gpt2_op_profile" line), attention =
 //        auto (default) | own | cudnn, nogelu = the separate gelu kernels
-//        (CudaExecutorOptions::fuse_gelu off), model = 124m (default) | 350m | 774m | 1558m |
+//        (CudaExecutorOptions::fuse_gelu off), nochunk = the whole logits at once
+//        (PlanOptions::classifier_chunk_rows 0), model = 124m (default) | 350m | 774m | 1558m |
 //        llama1b;
 //        default configs 16:graph 64:graph 8:graph 8:op_by_op 64:graph:16 16:profile
 #include <cuda_runtime.h>
@@ -47,6 +49,7 @@ struct Config {
   double budget_gib = 0;
   gpu::AttentionImpl attention = gpu::AttentionImpl::auto_select;
   bool fuse_gelu = true;
+  bool chunk_classifier = true;
   std::string model = "124m";  // GPT-2 124m | 350m | 774m | 1558m, or llama1b
 };
 
@@ -74,6 +77,8 @@ Config parse(const std::string& s) {
         c.attention = gpu::AttentionImpl::auto_select;
       else if (f == "nogelu")
         c.fuse_gelu = false;
+      else if (f == "nochunk")
+        c.chunk_classifier = false;
       else if (f == "124m" || f == "350m" || f == "774m" || f == "1558m" || f == "llama1b")
         c.model = f;
       else
@@ -126,10 +131,21 @@ Traffic op_traffic(const tk::Graph& g, const tk::Op& op, bool overwrites, bool h
     case tk::OpKind::matmul_backward:
     case tk::OpKind::attention_forward:
     case tk::OpKind::attention_backward:
+    case tk::OpKind::classifier_forward:
+    case tk::OpKind::classifier_backward:
       r.tensor_core = true;
       break;
     default:
       break;
+  }
+  if (host &&
+      (op.kind == tk::OpKind::classifier_forward || op.kind == tk::OpKind::classifier_backward)) {
+    // the chunk's logits: written by the GEMM and read by the loss; the backward's loss writes
+    // their gradient in place, which the dx and dw GEMMs read
+    const auto& w = g[op.inputs[1]].shape;
+    const double logits = static_cast<double>(g[op.inputs[0]].elements()) /
+                          static_cast<double>(w[1]) * static_cast<double>(w[0]) * 2;
+    r.bytes += (op.kind == tk::OpKind::classifier_forward ? 2 : 5) * logits;
   }
   if (op.kind == tk::OpKind::zero) {
     for (auto t : op.outputs) r.bytes += bytes(t);
@@ -216,7 +232,7 @@ int print_op_profile(gpu::CudaExecutor& ex, int batch) {
       total += (*times)[i];
     }
   }
-  double gemm_ms = 0, attention_ms = 0, other_ms = 0, other_bound_ms = 0;
+  double gemm_ms = 0, attention_ms = 0, classifier_ms = 0, other_ms = 0, other_bound_ms = 0;
   std::printf(
       "{\"bench\":\"gpt2_op_profile\",\"batch\":%d,\"step_ops_ms\":%.3f,"
       "\"hbm_tb_s\":%.1f,\"bf16_tflop_s\":%.0f,\"by_kind\":{",
@@ -235,6 +251,8 @@ int print_op_profile(gpu::CudaExecutor& ex, int batch) {
     first = false;
     if (name.rfind("matmul", 0) == 0 || name.rfind("lm_head", 0) == 0)
       gemm_ms += k.ms;
+    else if (name.rfind("classifier", 0) == 0)  // the head's GEMMs and its loss, chunk by chunk
+      classifier_ms += k.ms;
     else if (name.rfind("attention", 0) == 0)
       attention_ms += k.ms;
     else {
@@ -243,9 +261,9 @@ int print_op_profile(gpu::CudaExecutor& ex, int batch) {
     }
   }
   std::printf(
-      "},\"gemm_ms\":%.3f,\"attention_ms\":%.3f,\"other_ms\":%.3f,"
+      "},\"gemm_ms\":%.3f,\"attention_ms\":%.3f,\"classifier_ms\":%.3f,\"other_ms\":%.3f,"
       "\"other_bound_ms\":%.3f}\n",
-      gemm_ms, attention_ms, other_ms, other_bound_ms);
+      gemm_ms, attention_ms, classifier_ms, other_ms, other_bound_ms);
   std::fflush(stdout);
   return 0;
 }
@@ -282,6 +300,7 @@ int run(const Config& cfg) {
   tk::append_optimizer(g);
   tk::PlanOptions po;
   po.memory_budget_bytes = static_cast<std::size_t>(cfg.budget_gib * kGiB);
+  if (!cfg.chunk_classifier) po.classifier_chunk_rows = 0;
   auto plan = tk::compile_plan(std::move(g), po);
   if (!plan) {
     std::printf("{\"bench\":\"gpt2_train\",\"batch\":%d,\"error\":\"%s\"}\n", cfg.batch,
@@ -384,7 +403,8 @@ int run(const Config& cfg) {
       "\"chosen\":\"%s\",\"own_fwd_ms\":%.4f,\"own_bwd_ms\":%.4f,\"cudnn_fwd_ms\":%.4f,"
       "\"cudnn_bwd_ms\":%.4f,\"cudnn_workspace_bytes\":%zu,\"cudnn_workspace_planned\":%s,"
       "\"cudnn_workspace_outside_arena_bytes\":%zu,\"cudnn_backward_ops\":%d,"
-      "\"cudnn_version\":\"%s\",\"reason\":\"%s\"},\"fuse_gelu\":%s,\"gelu_ops_fused\":%zu}\n",
+      "\"cudnn_version\":\"%s\",\"reason\":\"%s\"},\"fuse_gelu\":%s,\"gelu_ops_fused\":%zu,"
+      "\"classifier_chunk_rows\":%lld}\n",
       (cfg.model == "llama1b" ? std::string("llama-1b") : "gpt2-" + cfg.model).c_str(), cfg.batch,
       cfg.graph ? "graph" : (cfg.profile ? "profile_op_by_op" : "op_by_op"), cfg.budget_gib, med,
       p90, static_cast<double>(BT) / (med / 1e3), static_cast<double>(mp.arena_bytes) / kGiB,
@@ -396,7 +416,8 @@ int run(const Config& cfg) {
       ac.own_bwd_ms, ac.cudnn_fwd_ms, ac.cudnn_bwd_ms, ac.cudnn_workspace_bytes,
       ac.cudnn_workspace_planned ? "true" : "false", ex->memory().attention_workspace_bytes,
       ac.cudnn_backward_ops, ac.cudnn_version.c_str(), reason.c_str(),
-      cfg.fuse_gelu ? "true" : "false", ex->gelu_ops_fused());
+      cfg.fuse_gelu ? "true" : "false", ex->gelu_ops_fused(),
+      static_cast<long long>(ex->plan().classifier_chunk_rows));
   std::fflush(stdout);
   if (cfg.profile && print_op_profile(*ex, cfg.batch) != 0) return 1;
   for (auto& e : ev) cudaEventDestroy(e);

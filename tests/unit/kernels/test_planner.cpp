@@ -212,3 +212,104 @@ TEST_CASE(
   REQUIRE(fast.ok());
   CHECK(fast->comm.grad_accum == 1);
 }
+
+TEST_CASE(
+    "the chunked classifier holds the logits of a chunk of rows, shrinks the arena and trains bit "
+    "for bit like the whole logits") {
+  GptConfig c = small_gpt();
+  c.vocab_size = 500;  // logits (64 x 512) are the largest activation
+  PlanOptions whole, chunked, uneven;
+  whole.classifier_chunk_rows = 0;
+  chunked.classifier_chunk_rows = 16;
+  uneven.classifier_chunk_rows = 24;  // 24 + 24 + 16 rows
+  auto a = compile_plan(training_graph(c), whole);
+  auto b = compile_plan(training_graph(c), chunked);
+  auto u = compile_plan(training_graph(c), uneven);
+  REQUIRE(a.ok());
+  REQUIRE(b.ok());
+  REQUIRE(u.ok());
+  CHECK(a->classifier_chunk_rows == 0);
+  CHECK(b->classifier_chunk_rows == 16);
+  CHECK(u->classifier_chunk_rows == 24);
+  const Graph& g = b->graph;
+  int forward = 0, backward = 0;
+  for (std::size_t i = 0; i < g.ops.size(); ++i) {
+    const Op& op = g.ops[i];
+    forward += op.kind == OpKind::classifier_forward;
+    backward += op.kind == OpKind::classifier_backward;
+    CHECK(op.kind != OpKind::crossentropy_forward);
+    CHECK(op.kind != OpKind::crossentropy_backward);
+    if (op.kind == OpKind::classifier_forward) {
+      CHECK(classifier_backward_of(g, i) < g.ops.size());
+      CHECK(g[op.workspace].shape == std::vector<std::int64_t>{16, 512});
+    }
+    for (auto t : op.inputs) CHECK(g[t].name != "logits");
+  }
+  CHECK(forward == 1);
+  CHECK(backward == 1);
+  // 64 x 512 logits and their gradient's lifetime against two 16 x 512 chunks
+  CHECK(b->memory.arena_bytes < a->memory.arena_bytes);
+  CHECK_THAT(format_plan(*b, false),
+             Catch::Contains("classifier: logits of 64 rows in chunks of 16"));
+  // CPU sums run in row order either way: the same losses and parameters, bit for bit
+  std::vector<float> pa, pb, pu;
+  const auto la = train(*a, 3, &pa);
+  CHECK(train(*b, 3, &pb) == la);
+  CHECK(train(*u, 3, &pu) == la);
+  CHECK(pb == pa);
+  CHECK(pu == pa);
+  // under a budget the head's input may be recomputed: the step still skips the forward
+  PlanOptions tight = chunked;
+  tight.memory_budget_bytes = b->memory.persistent_bytes + b->memory.planned_bytes * 6 / 10;
+  auto t = compile_plan(training_graph(c), tight);
+  REQUIRE(t.ok());
+  CHECK(!t->recompute.empty());
+  for (std::size_t i = 0; i < t->graph.ops.size(); ++i)
+    if (t->graph.ops[i].kind == OpKind::classifier_forward)
+      CHECK(classifier_backward_of(t->graph, i) < t->graph.ops.size());
+  std::vector<float> pt;
+  CHECK(train(*t, 3, &pt) == la);
+  CHECK(pt == pa);
+}
+
+TEST_CASE("the chunked classifier's forward alone (evaluation) gives the losses of the whole") {
+  GptConfig c = small_gpt();
+  c.vocab_size = 500;
+  PlanOptions whole, chunked;
+  whole.classifier_chunk_rows = 0;
+  chunked.classifier_chunk_rows = 16;
+  std::vector<double> means;
+  for (const PlanOptions* o : {&whole, &chunked}) {
+    auto plan = compile_plan(training_graph(c), *o);
+    REQUIRE(plan.ok());
+    CpuExecutor<float> ex(*plan);
+    const Graph& g = ex.plan().graph;
+    ex.init_parameters(5);
+    for (std::int64_t i = 0; i < g[g.tokens].elements(); ++i) {
+      ex.ints(g.tokens)[i] = static_cast<std::int32_t>((i * 7) % 500);
+      ex.ints(g.targets)[i] = static_cast<std::int32_t>((i * 13) % 500);
+    }
+    REQUIRE(ex.run_forward().ok());
+    means.push_back(ex.mean_loss());
+  }
+  CHECK(means[0] > 5.0);  // about ln(500) from the initial weights
+  CHECK(means[1] == means[0]);
+}
+
+TEST_CASE("the classifier is chunked automatically only where its logits are large") {
+  CHECK(auto_classifier_chunk_rows(65536, std::size_t{65536} * 50304 * 2) == 8192);  // B=64
+  CHECK(auto_classifier_chunk_rows(16384, std::size_t{16384} * 50304 * 2) == 2048);  // B=16
+  CHECK(auto_classifier_chunk_rows(8192, std::size_t{8192} * 50304 * 2) == 1024);
+  CHECK(auto_classifier_chunk_rows(4096, std::size_t{100} << 20) == 0);   // under 256 MiB
+  CHECK(auto_classifier_chunk_rows(1024, std::size_t{1} << 30) == 0);     // one chunk is all
+  CHECK(auto_classifier_chunk_rows(1500, std::size_t{1} << 30) == 1024);  // 1,024 + 476
+  auto plan = compile_plan(training_graph(small_gpt()), PlanOptions{});
+  REQUIRE(plan.ok());
+  CHECK(plan->classifier_chunk_rows == 0);
+  // a head with a bias (the MLP's) keeps its whole logits
+  MlpConfig m;
+  Graph mg = build_mlp(m);
+  append_backward(mg);
+  append_optimizer(mg);
+  CHECK(chunk_classifier(mg, 16) == 0);
+}

@@ -98,6 +98,12 @@ enum class OpKind : std::uint8_t {
   sharded_global_norm,  // {each bucket's grad shard} -> {norm}: partial sums gathered over ranks
   sharded_adamw,        // {grad shard, norm, scalars} -> {param shard, m, v[, master]}: AdamW of
                         // the bucket members' elements within this rank's segment
+  // The output head and its loss in row chunks (plan.hpp, chunk_classifier): the logits of
+  // `chunk_rows` rows at a time in the op's workspace, never the whole (N, Vp).
+  classifier_forward,   // {x(N,C), w(Vp,C), targets} -> {losses(N)}: per chunk x w^T, then CE
+  classifier_backward,  // {x, w, targets, scalars} -> {dx, dw, losses}: per chunk the logits
+                        // again, CE forward + backward in place, dx (+)= dl w, dw += dl^T x; it
+                        // writes the losses too, so a step that runs it skips classifier_forward
 };
 std::string_view op_name(OpKind kind);
 
@@ -110,12 +116,13 @@ struct Op {
   std::string name = {};
   std::vector<TensorId> inputs = {};
   std::vector<TensorId> outputs = {};
-  std::int64_t num_heads = 0;      // attention, rope: query heads
-  std::int64_t num_kv_heads = 0;   // attention, rope: key/value heads (0: num_heads)
-  double rope_theta = 0;           // rope: base of the rotation frequencies
-  std::int64_t vocab = 0;          // crossentropy: real vocabulary (logits are padded to Vp)
-  int bucket = -1;                 // all_reduce and the sharded ops: communication bucket index
-  int segments = 1;                // global_norm: parts per input (data parallel: the ranks)
+  std::int64_t num_heads = 0;     // attention, rope: query heads
+  std::int64_t num_kv_heads = 0;  // attention, rope: key/value heads (0: num_heads)
+  double rope_theta = 0;          // rope: base of the rotation frequencies
+  std::int64_t vocab = 0;         // crossentropy, classifier: real vocabulary (logits padded to Vp)
+  std::int64_t chunk_rows = 0;    // classifier: rows of logits per chunk (its workspace's rows)
+  int bucket = -1;                // all_reduce and the sharded ops: communication bucket index
+  int segments = 1;               // global_norm: parts per input (data parallel: the ranks)
   TensorId workspace = kNoTensor;  // scratch live only during this op (attention score rows)
   // Tensors this op keeps live without touching them: a ZeRO-2/3 reduce-scatter keeps the
   // previous bucket's transient gradient buffer, which a backend's side stream may still be
@@ -229,7 +236,14 @@ void append_backward(Graph& graph);
 // adamw op per parameter; m and v (and a master copy when params are not fp32) are optimizer state.
 void append_optimizer(Graph& graph);
 
+// The classifier_backward that follows the classifier_forward at ops[forward] (same w and targets;
+// its x is the forward's or a recomputed copy), or ops.size() when there is none.
+std::size_t classifier_backward_of(const Graph& graph, std::size_t forward);
+
 // Floating-point work of one op (multiply-add = 2), the cost model of rematerialisation.
+// classifier_backward counts its dx and dw GEMMs and the CE backward only: the logits it computes
+// again are classifier_forward's work, which a training step skips (so a step's sum is the model's
+// 6 N C Vp for the head, as before chunking).
 double op_flops(const Graph& graph, const Op& op);
 
 }  // namespace topolaunch::kernels

@@ -22,6 +22,21 @@ inline constexpr std::size_t kNoOffset = std::numeric_limits<std::size_t>::max()
 // Runs on the whole training graph (after autodiff); returns the number of fused pairs.
 int fuse_elementwise(Graph& graph);
 
+// --- chunked classifier ------------------------------------------------------------------
+// The output head (matmul_forward to logits(N, Vp)), its crossentropy_forward,
+// crossentropy_backward and the head's matmul_backward -> classifier_forward + classifier_backward,
+// which hold the logits of chunk_rows rows at a time (a workspace of chunk_rows x Vp) instead of
+// all N rows: at GPT-2 B=64 T=1024 the logits are 6.6 GB of bf16, the largest activation of the
+// step. chunk_rows -1: automatic (auto_classifier_chunk_rows); 0 or >= N: the graph is left as it
+// is; a head with a bias is left as it is. Returns the rows per chunk applied (0: not applied).
+std::int64_t chunk_classifier(Graph& graph, std::int64_t chunk_rows);
+// Automatic: chunk when the logits exceed kClassifierChunkMinBytes, into kClassifierChunks chunks
+// (rows a multiple of 64, at least 1,024: each chunk's GEMMs stay large); else 0 (none). Eight
+// chunks keep 7/8 of the logits' memory for one extra fp32 read and write of dw per chunk.
+inline constexpr std::size_t kClassifierChunkMinBytes = std::size_t{256} << 20;
+inline constexpr std::int64_t kClassifierChunks = 8;
+std::int64_t auto_classifier_chunk_rows(std::int64_t rows, std::size_t logits_bytes);
+
 // --- static memory plan --------------------------------------------------------------------
 struct MemoryPlan {
   std::vector<std::size_t> offsets;  // per tensor; kNoOffset for tensors no op touches
@@ -165,6 +180,9 @@ struct PlanOptions {
   std::string budget_key = "budget.memory";  // the key a refusal names (GPU plans: gpu_memory)
   std::size_t alignment = 256;
   bool fuse = true;
+  // Rows of logits per classifier chunk: -1 automatic (auto_classifier_chunk_rows), 0 never, else
+  // that many.
+  std::int64_t classifier_chunk_rows = -1;
   // CUDA plans (Precision::fp32_statistics): each attention backward's workspace is planned large
   // enough for cuDNN's fused attention backward too (fused_attention_accumulator_bytes +
   // kFusedAttentionEngineWorkspaceBytes instead of our kernels' B*NH*T floats), so that the
@@ -184,7 +202,8 @@ struct Plan {
   MemoryPlan unconstrained;  // before rematerialisation
   std::vector<RecomputeDecision> recompute;
   double step_flops = 0, extra_flops = 0;
-  int fused_pairs = 0;  // residual + layernorm/rmsnorm
+  int fused_pairs = 0;                     // residual + layernorm/rmsnorm
+  std::int64_t classifier_chunk_rows = 0;  // rows of logits per classifier chunk (0: not chunked)
   CommPlan comm;
   std::size_t memory_budget_bytes = 0;
   // shard_auto: each mode's arena without recomputation, in the order tried, and why the chosen

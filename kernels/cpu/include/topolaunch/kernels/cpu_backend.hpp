@@ -66,14 +66,17 @@ class CpuExecutor {
 
  private:
   void run_op(const Op& op, Communicator* communicator, bool last_micro_step, Status& status);
-  void run_ops(std::size_t begin, std::size_t end, Communicator* communicator,
-               bool last_micro_step, Status& status);
+  void run_ops(std::size_t begin, std::size_t end, Communicator* communicator, bool last_micro_step,
+               Status& status);
   const Bucket& bucket(const Op& op) const {
     return plan_.comm.buckets[static_cast<std::size_t>(op.bucket)];
   }
   Plan plan_;
   std::byte* arena_ = nullptr;
   std::size_t first_optimizer_op_ = 0;
+  // Per op: the classifier_backward of a classifier_forward (classifier_backward_of), else
+  // ops.size(); a range that holds both skips the forward (the backward writes the losses).
+  std::vector<std::size_t> classifier_backward_;
   OpObserver* observer_ = nullptr;
 };
 
