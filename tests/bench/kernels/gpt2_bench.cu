@@ -10,12 +10,13 @@
 // and the attention implementation in use (own | cudnn), with the timings an auto choice made.
 //
 // usage: gpt2_bench [config ...]  where config =
-//        B:mode[:budget_gib][:attention][:nogelu][:nochunk][:model],
+//        B:mode[:budget_gib][:attention][:nogelu][:nochunk|:cROWS][:model],
 //        mode = graph | op_by_op | profile (op by op with an event pair per op: the step by op
 //        kind with bytes, FLOPs and the H200's bounds, one "gpt2_op_profile" line), attention =
 //        auto (default) | own | cudnn, nogelu = the separate gelu kernels
 //        (CudaExecutorOptions::fuse_gelu off), nochunk = the whole logits at once
-//        (PlanOptions::classifier_chunk_rows 0), model = 124m (default) | 350m | 774m | 1558m |
+//        (PlanOptions::classifier_chunk_rows 0), cROWS = ROWS rows of logits per chunk
+//        (default: automatic), model = 124m (default) | 350m | 774m | 1558m |
 //        llama1b;
 //        default configs 16:graph 64:graph 8:graph 8:op_by_op 64:graph:16 16:profile
 #include <cuda_runtime.h>
@@ -49,8 +50,8 @@ struct Config {
   double budget_gib = 0;
   gpu::AttentionImpl attention = gpu::AttentionImpl::auto_select;
   bool fuse_gelu = true;
-  bool chunk_classifier = true;
-  std::string model = "124m";  // GPT-2 124m | 350m | 774m | 1558m, or llama1b
+  std::int64_t classifier_chunk_rows = -1;  // PlanOptions::classifier_chunk_rows
+  std::string model = "124m";               // GPT-2 124m | 350m | 774m | 1558m, or llama1b
 };
 
 Config parse(const std::string& s) {
@@ -78,7 +79,9 @@ Config parse(const std::string& s) {
       else if (f == "nogelu")
         c.fuse_gelu = false;
       else if (f == "nochunk")
-        c.chunk_classifier = false;
+        c.classifier_chunk_rows = 0;
+      else if (f.size() > 1 && f[0] == 'c')
+        c.classifier_chunk_rows = std::atoll(f.c_str() + 1);
       else if (f == "124m" || f == "350m" || f == "774m" || f == "1558m" || f == "llama1b")
         c.model = f;
       else
@@ -300,7 +303,7 @@ int run(const Config& cfg) {
   tk::append_optimizer(g);
   tk::PlanOptions po;
   po.memory_budget_bytes = static_cast<std::size_t>(cfg.budget_gib * kGiB);
-  if (!cfg.chunk_classifier) po.classifier_chunk_rows = 0;
+  po.classifier_chunk_rows = cfg.classifier_chunk_rows;
   auto plan = tk::compile_plan(std::move(g), po);
   if (!plan) {
     std::printf("{\"bench\":\"gpt2_train\",\"batch\":%d,\"error\":\"%s\"}\n", cfg.batch,

@@ -247,6 +247,9 @@ TEST_CASE(
   }
   CHECK(forward == 1);
   CHECK(backward == 1);
+  for (std::size_t t = 0; t < g.tensors.size(); ++t)
+    if (g.tensors[t].name == "logits" || g.tensors[t].name == "dlogits")
+      CHECK(b->memory.offsets[t] == kNoOffset);  // no op's operand: not in the arena
   // 64 x 512 logits and their gradient's lifetime against two 16 x 512 chunks
   CHECK(b->memory.arena_bytes < a->memory.arena_bytes);
   CHECK_THAT(format_plan(*b, false),
