@@ -94,6 +94,12 @@ double CpuExecutor<F>::last_grad_norm() {
 }
 
 template <class F>
+void CpuExecutor<F>::guard_optimizer_step(F norm) {
+  if (!std::isfinite(static_cast<double>(norm))) ++skipped_steps_;
+  data(plan_.graph.scalars)[kStep] -= static_cast<F>(skipped_steps_);
+}
+
+template <class F>
 void CpuExecutor<F>::run_op(const Op& op, Communicator* comm, bool last, Status& status) {
   const Graph& g = plan_.graph;
   auto d = [&](TensorId t) { return data(t); };
@@ -263,6 +269,7 @@ void CpuExecutor<F>::run_op(const Op& op, Communicator* comm, bool last, Status&
         }
       }
       d(op.outputs[0])[0] = static_cast<F>(std::sqrt(s));
+      guard_optimizer_step(d(op.outputs[0])[0]);
       break;
     }
     case OpKind::sharded_global_norm: {
@@ -280,12 +287,14 @@ void CpuExecutor<F>::run_op(const Op& op, Communicator* comm, bool last, Status&
       for (std::size_t k = 0; k < nb; ++k)
         for (int r = 0; r < world; ++r) s += partial[static_cast<std::size_t>(r) * nb + k];
       d(op.outputs[0])[0] = static_cast<F>(std::sqrt(s));
+      guard_optimizer_step(d(op.outputs[0])[0]);
       break;
     }
     case OpKind::adamw:
     case OpKind::sharded_adamw: {
       const F* sc = d(op.inputs[2]);
       const double norm = static_cast<double>(d(op.inputs[1])[0]);
+      if (!std::isfinite(norm)) break;  // non-finite gradients: the step is skipped
       const double clip = static_cast<double>(sc[kGradClip]);
       cpu::AdamWScalars s{static_cast<double>(sc[kLearningRate]),
                           static_cast<double>(sc[kBeta1]),

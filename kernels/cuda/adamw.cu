@@ -48,6 +48,14 @@ __global__ void sum_of_squares_vec_kernel(float* out, const float* g, std::int64
 
 __global__ void sqrt_kernel(float* x) { *x = sqrtf(*x); }
 
+// After the global norm: a non-finite norm counts a skipped step, and AdamW's step t (bias
+// correction) becomes the steps applied so far. The host writes scalars[kStep] before every
+// step, so the subtraction never accumulates.
+__global__ void optimizer_step_guard_kernel(float* scalars, const float* norm, float* skipped) {
+  if (!isfinite(*norm)) *skipped += 1.0f;
+  scalars[kStep] -= *skipped;
+}
+
 // ---- per-tensor AdamW ------------------------------------------------------------------------
 // One AdamW element (every AdamW kernel goes through it, so the per-tensor, vector and
 // multi-tensor kernels give bit-identical results).
@@ -68,6 +76,7 @@ __global__ void adamw_kernel(float* param, bf16* param_bf16, float* m, float* v,
   if (i >= n) return;
   const float b1 = sc[kBeta1], b2 = sc[kBeta2], step = sc[kStep];
   const float clip = sc[kGradClip], norm = *grad_norm;
+  if (!isfinite(norm)) return;  // non-finite gradients: the step is skipped
   const float clip_scale = clip > 0 && norm > clip ? clip / norm : 1.0f;
   const float c1 = 1.0f - powf(b1, step), c2 = 1.0f - powf(b2, step);
   const float wd = decayed ? sc[kWeightDecay] : 0.0f;
@@ -90,6 +99,7 @@ __device__ __forceinline__ void adamw_packs(std::int64_t i, float* param, bf16* 
   const float b1 = sc[kBeta1], b2 = sc[kBeta2], step = sc[kStep], lr = sc[kLearningRate];
   const float eps = sc[kEpsilon];
   const float clip = sc[kGradClip], norm = *grad_norm;
+  if (!isfinite(norm)) return;  // non-finite gradients: the step is skipped
   const float clip_scale = clip > 0 && norm > clip ? clip / norm : 1.0f;
   const float c1 = 1.0f - powf(b1, step), c2 = 1.0f - powf(b2, step);
   const float wd = decayed ? sc[kWeightDecay] : 0.0f;
@@ -242,6 +252,10 @@ void sum_of_squares(float* sum_sq, const float* g, std::int64_t n, cudaStream_t 
   sum_of_squares_kernel<<<blocks, 256, 0, stream>>>(sum_sq, g, n);
 }
 void sqrt_in_place(float* x, cudaStream_t stream) { sqrt_kernel<<<1, 1, 0, stream>>>(x); }
+
+void optimizer_step_guard(float* scalars, const float* norm, float* skipped, cudaStream_t stream) {
+  optimizer_step_guard_kernel<<<1, 1, 0, stream>>>(scalars, norm, skipped);
+}
 
 void adamw_update(float* param, bf16* param_bf16, float* m, float* v, const float* grad,
                   std::int64_t n, const float* scalars, const float* grad_norm, bool decayed,

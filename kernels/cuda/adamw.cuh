@@ -47,6 +47,10 @@ void adamw_update_multi(const MultiTensorEntry* entries, int count, std::int64_t
 // gradients give the same bits on every run, every device and every rank. partials: a device
 // buffer of kNormPartials floats. Overwrites *norm (no zeroing needed).
 constexpr int kNormPartials = 1024;
+// After the step's global norm, before AdamW: a non-finite *norm adds 1 to *skipped (AdamW then
+// leaves every parameter and moment as it was: the step is skipped), and scalars[kStep] -= *skipped
+// (bias correction counts the steps applied).
+void optimizer_step_guard(float* scalars, const float* norm, float* skipped, cudaStream_t stream);
 void global_norm_multi(float* norm, float* partials, const MultiTensorEntry* entries, int count,
                        std::int64_t chunks, cudaStream_t stream);
 

@@ -759,10 +759,12 @@ Status CudaExecutor::build_multi_tensor_tables() {
   }
   std::size_t total = 0;
   for (const auto& t : tables) total += t.size();
-  const std::size_t bytes = total * sizeof(MultiTensorEntry) + kNormPartials * sizeof(float);
+  const std::size_t bytes = total * sizeof(MultiTensorEntry) + (kNormPartials + 1) * sizeof(float);
   TL_CUDA_TRY(cudaMalloc(&tables_, bytes), "cudaMalloc of the optimizer tables");
   auto* entries = static_cast<MultiTensorEntry*>(tables_);
   norm_partials_ = reinterpret_cast<float*>(entries + total);
+  skipped_steps_ = norm_partials_ + kNormPartials;
+  TL_CUDA_TRY(cudaMemset(skipped_steps_, 0, sizeof(float)), "skipped-step counter");
   std::size_t at = 0;
   for (std::size_t i = 0; i < tables.size(); ++i) {
     if (tables[i].empty()) continue;
@@ -1456,6 +1458,7 @@ Status CudaExecutor::enqueue_op(std::size_t index, bool communicate, bool fuse, 
       global_norm_multi(F(op.outputs[0]), norm_partials_,
                         static_cast<const MultiTensorEntry*>(t.entries), t.count, t.blocks,
                         stream_);
+      optimizer_step_guard(F(g.scalars), F(op.outputs[0]), skipped_steps_, stream_);
       break;
     }
     case OpKind::adamw: {
@@ -1522,6 +1525,7 @@ Status CudaExecutor::enqueue_op(std::size_t index, bool communicate, bool fuse, 
         TL_CUDA_TRY(comm_->all_reduce_sum(F(op.outputs[0]), 1, stream_),
                     where() + ": sum of the ranks' squares");
       sqrt_in_place(F(op.outputs[0]), stream_);
+      optimizer_step_guard(F(g.scalars), F(op.outputs[0]), skipped_steps_, stream_);
       break;
     }
     case OpKind::sharded_adamw: {
@@ -1636,6 +1640,14 @@ Result<double> CudaExecutor::mean_loss() {
   double s = 0;
   for (float x : *v) s += static_cast<double>(x);
   return s / static_cast<double>(v->size());
+}
+
+Result<std::int64_t> CudaExecutor::skipped_steps() {
+  float v = 0;
+  TL_CUDA_TRY(cudaStreamSynchronize(stream_), "synchronise");
+  TL_CUDA_TRY(cudaMemcpy(&v, skipped_steps_, sizeof v, cudaMemcpyDeviceToHost),
+              "skipped-step counter");
+  return static_cast<std::int64_t>(v);
 }
 
 Result<double> CudaExecutor::last_grad_norm() {

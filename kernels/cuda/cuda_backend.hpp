@@ -175,6 +175,10 @@ class CudaExecutor {
   Status synchronize();
   Result<double> mean_loss();  // mean per-token loss of the last forward (synchronises)
   Result<double> last_grad_norm();
+  // Optimizer steps skipped since this executor was created: a step whose global gradient norm is
+  // inf or nan leaves the parameters and AdamW's moments as they were, and AdamW's step t counts
+  // only the steps applied (synchronises).
+  Result<std::int64_t> skipped_steps();
 
   DeviceMemory memory() const;
   // The attention implementation in use and the timings behind an auto choice.
@@ -277,6 +281,7 @@ class CudaExecutor {
   std::size_t first_adamw_op_ = 0, last_adamw_op_ = 0;
   void* tables_ = nullptr;
   float* norm_partials_ = nullptr;
+  float* skipped_steps_ = nullptr;  // device counter, beside norm_partials_ (optimizer_step_guard)
   std::size_t range_begin_ = 0, range_end_ = 0;  // the range being enqueued
   std::vector<cudaEvent_t> bucket_ready_, bucket_done_;
   std::vector<std::size_t> issued_buckets_;  // issued in the range being enqueued, not yet joined

@@ -181,6 +181,7 @@ class CpuTrainingExecutor final : public TrainingExecutor {
     return executor_.mean_loss();
   }
   Result<double> last_grad_norm() override { return executor_.last_grad_norm(); }
+  Result<std::int64_t> skipped_steps() override { return executor_.skipped_steps(); }
 
   Status sum_over_ranks(std::span<double> values, const std::string&) override {
     return communicator_->all_reduce_sum(values);

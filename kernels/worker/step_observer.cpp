@@ -227,6 +227,8 @@ Status StepObserver::write_line(std::int64_t step, std::int64_t steps, double lo
       checkpoint, idle, trace, validation, split->comm_busy_ms, split->comm_bytes,
       split->comm_calls);
   if (std::isfinite(loss)) metrics_ << fmt(",\"loss\":%.9g", loss);
+  if (skipped_steps_ > 0)
+    metrics_ << fmt(",\"skipped_steps\":%lld", static_cast<long long>(skipped_steps_));
   metrics_ << "}\n" << std::flush;
   return ok_status();
 }

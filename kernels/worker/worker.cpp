@@ -209,7 +209,7 @@ int train(TrainingExecutor& ex, const jobspec::JobConfig& c, const Dataset& data
   }
   const int accum = ex.plan().comm.grad_accum;
   // The all-reduce sums the ranks' gradients: scale by the tokens of all ranks (a mean).
-  ex.set_loss_scale(1.0 / static_cast<double>(stride * accum));
+  ex.set_loss_scale(1.0 / static_cast<double>(stride * accum));  // (loss_scale below)
   if (rank == 0) {
     out << data.description << "\n";
     out << ex.banner(RunShape{std::string(to_string(c.model->kind)), vocab, B, T, accum})
@@ -296,6 +296,14 @@ int train(TrainingExecutor& ex, const jobspec::JobConfig& c, const Dataset& data
   const CommBudget budget{c.budget.comm_bytes_per_step, exposed_budget_ms(c.budget),
                           CommModel{}.max_exposed_fraction};
   bool warned_bytes = false, warned_exposed = false;
+  // Optimizer steps skipped for non-finite gradients (the executor counts them on its device):
+  // read on logged steps, where the loop waits for the device anyway.
+  std::int64_t skipped_seen = 0, skipped_seen_at = state.step;
+  // Fault injection for tests of that path: TOPOLAUNCH_FAULT_NONFINITE_STEP=N makes step N's loss
+  // scale nan, so its every gradient is nan.
+  const auto poisoned_step = env_int("TOPOLAUNCH_FAULT_NONFINITE_STEP", 0, 1);
+  if (!poisoned_step) return fail(poisoned_step.error());
+  const double loss_scale = 1.0 / static_cast<double>(stride * accum);
   for (std::int64_t step = first_step; step <= t.steps; ++step) {
     const auto s0 = Clock::now();
     // The same steps on every rank (the loss sum is collective).
@@ -304,6 +312,8 @@ int train(TrainingExecutor& ex, const jobspec::JobConfig& c, const Dataset& data
     const AdamWSettings adamw = adamw_at_step(t, step);
     observe.begin_step(step);
     ex.begin_step();
+    if (*poisoned_step > 0 && (step == *poisoned_step || step == *poisoned_step + 1))
+      ex.set_loss_scale(step == *poisoned_step ? std::nan("") : loss_scale);
     double loss = 0;
     for (int micro = 0; micro < accum; ++micro) {
       auto data_input = observe.time(StepPart::data, "data: batch");
@@ -339,6 +349,25 @@ int train(TrainingExecutor& ex, const jobspec::JobConfig& c, const Dataset& data
                                s.error().exit_code));
       auto norm = ex.last_grad_norm();
       if (!norm) return fail(norm.error());
+      auto skipped = ex.skipped_steps();
+      if (!skipped) return fail(skipped.error());
+      if (*skipped > skipped_seen) {
+        const std::int64_t fresh = *skipped - skipped_seen;
+        if (rank == 0)
+          out << (fresh == 1 && skipped_seen_at == step - 1
+                      ? fmt("warning: step %lld: gradients not finite (global norm %g): the "
+                            "optimizer step is skipped (%lld skipped in all)\n",
+                            static_cast<long long>(step), *norm, static_cast<long long>(*skipped))
+                      : fmt("warning: steps %lld..%lld: %lld with gradients not finite: their "
+                            "optimizer steps are skipped (%lld skipped in all)\n",
+                            static_cast<long long>(skipped_seen_at + 1),
+                            static_cast<long long>(step), static_cast<long long>(fresh),
+                            static_cast<long long>(*skipped)))
+              << std::flush;
+        skipped_seen = *skipped;
+        observe.set_skipped_steps(skipped_seen);
+      }
+      skipped_seen_at = step;
       const auto now = Clock::now();
       if (step > first_step) {
         tokens_timed += static_cast<double>(stride * accum);
@@ -449,6 +478,9 @@ int train(TrainingExecutor& ex, const jobspec::JobConfig& c, const Dataset& data
                  static_cast<long long>(t.steps), world);
     out << "done: " << state.step << " steps" << ex.where_it_ran() << "; checkpoint "
         << checkpoint_path(ckpt_dir, state.step) << "\n";
+    if (skipped_seen > 0)
+      out << "skipped: " << skipped_seen
+          << " optimizer step(s) with gradients not finite (parameters left as they were)\n";
   }
   return 0;
 }

@@ -79,6 +79,8 @@ bool add_step_figures_line(StepFigures& f, std::string_view line) {
   f.comm_bytes += unsigned_of(j, "comm_bytes");
   if (const auto loss = j.find("loss"); loss != j.end() && loss->is_number())
     f.last_loss = loss->get<double>();
+  f.skipped_steps =
+      std::max(f.skipped_steps, static_cast<std::int64_t>(number_of(j, "skipped_steps")));
   return true;
 }
 
@@ -134,6 +136,7 @@ CostReport attribute_cost(const std::vector<RankStepFigures>& ranks,
 
   // Steps, tokens, FLOPs: per attempt, the slowest rank's time is the attempt's.
   std::map<int, double> attempt_wall_ms;
+  std::map<int, std::int64_t> attempt_skipped;
   double flops = 0;
   std::string device;
   for (const RankStepFigures& r : ranks) {
@@ -149,6 +152,7 @@ CostReport attribute_cost(const std::vector<RankStepFigures>& ranks,
     c.step_parts_ms["validation"] += f.validation_ms;
     c.tokens += f.tokens;
     attempt_wall_ms[r.attempt] = std::max(attempt_wall_ms[r.attempt], f.wall_ms);
+    attempt_skipped[r.attempt] = std::max(attempt_skipped[r.attempt], f.skipped_steps);
     if (f.tokens_per_step > 0)
       flops +=
           f.flops_per_step * static_cast<double>(f.tokens) / static_cast<double>(f.tokens_per_step);
@@ -156,6 +160,7 @@ CostReport attribute_cost(const std::vector<RankStepFigures>& ranks,
   }
   double wall_ms = 0;
   for (const auto& [attempt, ms] : attempt_wall_ms) wall_ms += ms;
+  for (const auto& [attempt, n] : attempt_skipped) c.skipped_steps += n;
   if (wall_ms > 0) c.tokens_per_s = static_cast<double>(c.tokens) / (wall_ms / 1e3);
   const double joules = c.gpu_energy_j.value_or(0) + c.cpu_energy_j.value_or(0);
   if (joules > 0 && c.tokens > 0) c.tokens_per_j = static_cast<double>(c.tokens) / joules;

@@ -349,6 +349,7 @@ nlohmann::json cost_json(const CostReport& c) {
           {"tokens_per_s", c.tokens_per_s},
           {"tokens_per_j", optional_number(c.tokens_per_j)},
           {"mfu", optional_number(c.mfu)},
+          {"skipped_steps", c.skipped_steps},
           {"peak_flops_per_rank", c.peak_flops_per_rank},
           {"peak_from", c.peak_from},
           {"price",
@@ -532,6 +533,8 @@ std::string cost_lines(const CostReport& c, const AttemptReport& last) {
       rate += fmt::format(", {:.4g} per million tokens", *c.cost_per_million_tokens);
     out += fmt::format("  tokens: {} = {}\n", c.tokens, rate);
   }
+  if (c.skipped_steps > 0)
+    out += fmt::format("  optimizer steps skipped (non-finite gradients): {}\n", c.skipped_steps);
   for (const RankOutcome& o : last.ranks) {
     if (!o.figures.present) continue;
     const StepFigures& f = o.figures;

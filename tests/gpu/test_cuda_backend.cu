@@ -360,6 +360,42 @@ int main(int argc, char** argv) {
     }
   }
 
+  // ---- a step with non-finite gradients is skipped ----
+  {
+    auto exs = must(gpu::CudaExecutor::create(gpu_plan, own), "create (skip)");
+    const tk::Graph& sg = exs->plan().graph;
+    must(exs->init_parameters(kSeed), "init_parameters");
+    auto masters = [&]() {
+      std::vector<std::vector<float>> v;
+      for (auto p : sg.params) v.push_back(must(exs->parameter(p), "parameter"));
+      return v;
+    };
+    exs->set_loss_scale(loss_scale);
+    must(exs->set_batch(tokens, targets), "set_batch");
+    must(exs->train_step(adamw, 1), "train_step 1");
+    const auto after_one = masters();
+    exs->set_loss_scale(std::nan(""));  // every gradient nan
+    must(exs->set_batch(tokens, targets), "set_batch");
+    must(exs->train_step(adamw, 2), "train_step 2 (poisoned)");
+    const double norm = must(exs->last_grad_norm(), "grad norm");
+    const auto skipped = must(exs->skipped_steps(), "skipped steps");
+    const bool unchanged = masters() == after_one;
+    exs->set_loss_scale(loss_scale);
+    std::vector<double> after;
+    for (int step = 3; step <= 4; ++step) {
+      must(exs->set_batch(tokens, targets), "set_batch");
+      must(exs->train_step(adamw, step), "train_step");
+      after.push_back(must(exs->mean_loss(), "mean_loss"));
+    }
+    // steps 3 and 4 are AdamW's steps 2 and 3: the losses of graph replay's steps 2 and 3
+    const double rel = std::max(std::fabs(after[0] - graph_losses[1]) / graph_losses[1],
+                                std::fabs(after[1] - graph_losses[2]) / graph_losses[2]);
+    check(!std::isfinite(norm) && skipped == 1 && unchanged && rel <= 1e-3,
+          fmt("a nan loss scale: grad norm %g, %lld step skipped, master weights %s; the next "
+              "steps train as AdamW's steps 2 and 3 (worst relative %.2e <= 1e-3)",
+              norm, static_cast<long long>(skipped), unchanged ? "unchanged" : "CHANGED", rel));
+  }
+
   // ---- the optimizer alone: multi-tensor vs per-tensor AdamW, fixed-order norm ----
   {
     gpu::CudaExecutorOptions per_tensor = own;

@@ -352,6 +352,7 @@ class CudaTrainingExecutor final : public TrainingExecutor {
     return runtime(executor_->mean_loss());
   }
   Result<double> last_grad_norm() override { return runtime(executor_->last_grad_norm()); }
+  Result<std::int64_t> skipped_steps() override { return runtime(executor_->skipped_steps()); }
 
   // Through small device buffers, as fp32 (NCCL's all-reduce of the communicator); waits for the
   // result within the deadline.

@@ -1,6 +1,7 @@
 // Passes and the static memory plan: fusion, liveness arena vs its lower bound, rematerialisation
 // under a budget (same numbers as without), refusals naming the smallest budget, gradient buckets.
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <set>
 
@@ -315,4 +316,61 @@ TEST_CASE("the classifier is chunked automatically only where its logits are lar
   append_backward(mg);
   append_optimizer(mg);
   CHECK(chunk_classifier(mg, 16) == 0);
+}
+
+TEST_CASE(
+    "a step with non-finite gradients is skipped: parameters and moments unchanged, AdamW's step "
+    "counts the steps applied") {
+  auto plan = compile_plan(training_graph(small_gpt()), PlanOptions{});
+  REQUIRE(plan.ok());
+  const Graph& g = plan->graph;
+  const std::int64_t n = g[g.tokens].elements();
+  auto batch = [&](CpuExecutor<float>& ex, int k) {
+    for (std::int64_t i = 0; i < n; ++i) {
+      ex.ints(g.tokens)[i] = static_cast<std::int32_t>((i * 7 + k * 3) % 50);
+      ex.ints(g.targets)[i] = static_cast<std::int32_t>((i * 11 + k) % 50);
+    }
+  };
+  auto state = [&](CpuExecutor<float>& ex) {  // parameters, then every optimizer state tensor
+    std::vector<float> v;
+    for (std::size_t t = 0; t < g.tensors.size(); ++t)
+      if (g.tensors[t].role == Role::parameter || g.tensors[t].role == Role::optimizer_state) {
+        if (g.tensors[t].name == "grad_norm") continue;
+        const auto s = ex.values(static_cast<TensorId>(t));
+        v.insert(v.end(), s.begin(), s.end());
+      }
+    return v;
+  };
+  AdamWSettings adamw;
+  adamw.grad_clip = 1.0;
+  const double scale = 1.0 / static_cast<double>(n);
+  // a: batches 1, (2 with a nan loss scale: every gradient nan), 3; b: batches 1 and 3 alone
+  CpuExecutor<float> a(*plan), b(*plan);
+  a.init_parameters(5);
+  b.init_parameters(5);
+  for (auto* ex : {&a, &b}) {
+    batch(*ex, 1);
+    ex->set_loss_scale(scale);
+    REQUIRE(ex->run_forward_backward(nullptr).ok());
+    REQUIRE(ex->run_optimizer(adamw, 1).ok());
+  }
+  const auto after_one = state(a);
+  batch(a, 2);
+  a.set_loss_scale(std::nan(""));
+  REQUIRE(a.run_forward_backward(nullptr).ok());
+  REQUIRE(a.run_optimizer(adamw, 2).ok());
+  CHECK(!std::isfinite(a.last_grad_norm()));
+  CHECK(a.skipped_steps() == 1);
+  CHECK(state(a) == after_one);                                           // nothing moved
+  for (float v : a.values(g[g.params.front()].grad)) REQUIRE(v == 0.0f);  // re-zeroed as always
+  batch(a, 3);
+  a.set_loss_scale(scale);
+  REQUIRE(a.run_forward_backward(nullptr).ok());
+  REQUIRE(a.run_optimizer(adamw, 3).ok());
+  batch(b, 3);
+  REQUIRE(b.run_forward_backward(nullptr).ok());
+  REQUIRE(b.run_optimizer(adamw, 2).ok());  // the same step t = 2 of AdamW
+  CHECK(a.mean_loss() == b.mean_loss());
+  CHECK(state(a) == state(b));
+  CHECK(b.skipped_steps() == 0);
 }

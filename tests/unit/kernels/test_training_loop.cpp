@@ -37,6 +37,7 @@ struct Script {
   std::vector<std::int64_t> finished_steps;
   std::vector<std::string> sums;  // sum_over_ranks's `what`, in order
   int checkpoints_written = 0;
+  std::vector<std::int64_t> nonfinite_steps;  // steps whose gradients the executor found not finite
   DType grad_dtype = DType::i32, activation_dtype = DType::i32;
 };
 Script g_script;
@@ -69,6 +70,12 @@ class ScriptedExecutor final : public TrainingExecutor {
   }
   Result<double> mean_loss() override { return 2.5; }
   Result<double> last_grad_norm() override { return 0.75; }
+  Result<std::int64_t> skipped_steps() override {
+    std::int64_t n = 0;
+    for (auto s : g_script.nonfinite_steps)
+      n += std::count(g_script.finished_steps.begin(), g_script.finished_steps.end(), s) > 0;
+    return n;
+  }
   Status sum_over_ranks(std::span<double>, const std::string& what) override {
     g_script.sums.push_back(what);
     return ok_status();
@@ -306,4 +313,77 @@ TEST_CASE(
     steps += std::stoll(f.substr(at + 8));
   CHECK(steps == 6);
   CHECK(count(f, "\"loss\":1.25") == 4);  // the scripted sum leaves each rank's half
+}
+
+TEST_CASE(
+    "training loop: optimizer steps skipped for non-finite gradients get a warning on the next "
+    "logged step and a closing line") {
+  for (const bool every_step : {false, true}) {
+    g_script = Script{};
+    g_script.nonfinite_steps = {3, 5, 6};
+    TempDir d;
+    const std::string metrics = (d.path / "metrics.jsonl").string();
+    auto job = write_job(d, "steps = 8\nresume = false\n" +
+                                (every_step ? "metrics_file = \"" + metrics + "\"\n" : ""));
+    WorkerOptions o;
+    o.config_path = job.string();
+    o.fp32_executor = &scripted;
+    std::ostringstream out, err;
+    REQUIRE(run_worker(o, out, err) == 0);
+    const std::string log = out.str();
+    INFO(log << err.str());
+    if (every_step) {  // every step is logged: one line per skipped step
+      CHECK(count(log,
+                  "warning: step 3: gradients not finite (global norm 0.75): the optimizer "
+                  "step is skipped (1 skipped in all)") == 1);
+      CHECK(count(log, "warning: step 5: gradients not finite") == 1);
+      CHECK(count(log,
+                  "warning: step 6: gradients not finite (global norm 0.75): the optimizer "
+                  "step is skipped (3 skipped in all)") == 1);
+      CHECK(count(log, "warning: ") == 3);
+    } else {  // logged steps 1, 2, 4, 6, 8: the skips between them, counted
+      CHECK(count(log,
+                  "warning: steps 3..4: 1 with gradients not finite: their optimizer steps "
+                  "are skipped (1 skipped in all)") == 1);
+      CHECK(count(log,
+                  "warning: steps 5..6: 2 with gradients not finite: their optimizer steps "
+                  "are skipped (3 skipped in all)") == 1);
+      CHECK(count(log, "warning: ") == 2);
+    }
+    CHECK_THAT(log, Catch::Contains("skipped: 3 optimizer step(s) with gradients not finite"));
+  }
+}
+
+TEST_CASE(
+    "training loop on the CPU executor: TOPOLAUNCH_FAULT_NONFINITE_STEP poisons one step, which is "
+    "skipped and said; the steps after it train") {
+  g_script = Script{};
+  TempDir d;
+  const std::string metrics = (d.path / "metrics.jsonl").string();
+  auto job = write_job(d, "steps = 4\nresume = false\nmetrics_file = \"" + metrics + "\"\n");
+  WorkerOptions o;
+  o.config_path = job.string();  // the real CPU executor
+  ::setenv("TOPOLAUNCH_FAULT_NONFINITE_STEP", "2", 1);
+  std::ostringstream out, err;
+  const int rc = run_worker(o, out, err);
+  ::unsetenv("TOPOLAUNCH_FAULT_NONFINITE_STEP");
+  const std::string log = out.str();
+  INFO(log << err.str());
+  REQUIRE(rc == 0);
+  CHECK(count(log,
+              "warning: step 2: gradients not finite (global norm nan): the optimizer step "
+              "is skipped (1 skipped in all)") == 1);
+  CHECK(count(log, "warning: ") == 1);
+  CHECK_THAT(log, Catch::Contains("skipped: 1 optimizer step(s) with gradients not finite"));
+  // the metrics: every loss finite (the poison is in the gradients), step 2's norm not
+  const std::string m = read_file(metrics);
+  CHECK(count(m, "\"loss\":") == 4);
+  CHECK(count(m, "nan,\"grad_norm\"") == 0);
+  CHECK(count(m, "\"grad_norm\":nan") + count(m, "\"grad_norm\":-nan") == 1);
+  // a bad value is refused, naming the variable
+  ::setenv("TOPOLAUNCH_FAULT_NONFINITE_STEP", "two", 1);
+  std::ostringstream out2, err2;
+  CHECK(run_worker(o, out2, err2) == 2);
+  ::unsetenv("TOPOLAUNCH_FAULT_NONFINITE_STEP");
+  CHECK_THAT(err2.str(), Catch::Contains("TOPOLAUNCH_FAULT_NONFINITE_STEP=two"));
 }

@@ -174,3 +174,26 @@ TEST_CASE("report.json: each rank's step figures, each node's usage and the cost
   CHECK(summary.find("step time: compute 80.0%, comm_exposed 10.0%, data 0.5%, checkpoint 0.0%, "
                      "idle 9.5%, trace 0.0%, validation 0.0%") != std::string::npos);
 }
+
+TEST_CASE(
+    "skipped optimizer steps: a rank's running count, the largest rank of each attempt, summed "
+    "over "
+    "attempts") {
+  auto with_skipped = [](int step, int skipped) {
+    std::string line = interval(step, 1, 100, 80, 0, 5, 0, 15);
+    line.pop_back();
+    return line + ",\"skipped_steps\":" + std::to_string(skipped) + "}";
+  };
+  StepFigures r0, r1, again;
+  CHECK(add_step_figures_line(r0, interval(1, 1, 100, 80, 0, 5, 0, 15)));
+  CHECK(r0.skipped_steps == 0);
+  CHECK(add_step_figures_line(r0, with_skipped(2, 1)));
+  CHECK(add_step_figures_line(r0, with_skipped(3, 2)));
+  CHECK(add_step_figures_line(r0, interval(4, 1, 100, 80, 0, 5, 0, 15)));  // older worker: no key
+  CHECK(r0.skipped_steps == 2);
+  CHECK(add_step_figures_line(r1, with_skipped(3, 2)));
+  CHECK(add_step_figures_line(again, with_skipped(9, 1)));
+  const CostReport c =
+      attribute_cost({{0, 0, &r0}, {0, 1, &r1}, {1, 0, &again}}, {}, 60, jobspec::JobConfig{});
+  CHECK(c.skipped_steps == 3);  // attempt 0: 2 (both ranks skipped the same steps), attempt 1: 1
+}

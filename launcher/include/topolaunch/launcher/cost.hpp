@@ -38,6 +38,9 @@ struct StepFigures {
   double comm_busy_ms = 0;
   std::uint64_t comm_bytes = 0;
   std::optional<double> last_loss;
+  // Optimizer steps the worker skipped for non-finite gradients in this attempt (the last line's
+  // running count).
+  std::int64_t skipped_steps = 0;
   double last_t_unix = 0;
   // The last interval alone (the live metrics): its steps, wall and tokens.
   std::int64_t last_steps = 0, last_tokens = 0;
@@ -87,6 +90,9 @@ struct CostReport {
   double tokens_per_s = 0;
   std::optional<double> tokens_per_j;
   std::optional<double> mfu;  // model FLOPs / (the measured time x the ranks' peak)
+  // Optimizer steps skipped for non-finite gradients, over the attempts (every rank skips the
+  // same steps: the norm is global, so an attempt counts its ranks' largest count).
+  std::int64_t skipped_steps = 0;
   double peak_flops_per_rank = 0;
   std::string peak_from;  // "observe.peak_tflops_per_rank", "NVIDIA H200 datasheet (bf16)"
   double gpu_hour_price = 0, core_hour_price = 0;

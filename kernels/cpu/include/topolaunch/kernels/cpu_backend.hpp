@@ -54,6 +54,10 @@ class CpuExecutor {
   void set_loss_scale(double scale);
   double mean_loss();  // mean of the per-token losses of the last forward
   double last_grad_norm();
+  // Optimizer steps skipped since construction: a step whose global gradient norm is inf or nan
+  // leaves the parameters and AdamW's moments as they were, and AdamW's step t (bias correction)
+  // counts only the steps applied.
+  std::int64_t skipped_steps() const { return skipped_steps_; }
 
   // Each parameter's init of the graph (Tensor::init_std, init_value; GPT-2's: matrices
   // N(0, 0.02), residual projections 0.02/sqrt(2L), biases 0, norm weights 1), drawn in g.params
@@ -65,6 +69,8 @@ class CpuExecutor {
   void set_op_observer(OpObserver* observer) { observer_ = observer; }
 
  private:
+  // After the global norm: counts a non-finite norm, makes scalars[kStep] the steps applied.
+  void guard_optimizer_step(F norm);
   void run_op(const Op& op, Communicator* communicator, bool last_micro_step, Status& status);
   void run_ops(std::size_t begin, std::size_t end, Communicator* communicator, bool last_micro_step,
                Status& status);
@@ -78,6 +84,7 @@ class CpuExecutor {
   // ops.size(); a range that holds both skips the forward (the backward writes the losses).
   std::vector<std::size_t> classifier_backward_;
   OpObserver* observer_ = nullptr;
+  std::int64_t skipped_steps_ = 0;
 };
 
 extern template class CpuExecutor<float>;

@@ -68,6 +68,9 @@ class TrainingExecutor {
   // Mean per-token loss of the last micro-step's forward; the step's global gradient norm.
   virtual Result<double> mean_loss() = 0;
   virtual Result<double> last_grad_norm() = 0;
+  // Optimizer steps skipped so far for non-finite gradients (inf or nan global norm): their
+  // parameters and moments stay as they were; AdamW's step counts only the steps applied.
+  virtual Result<std::int64_t> skipped_steps() = 0;
   // Validation: the mean per-token loss of a batch (batch x seq_len tokens and targets) through
   // the forward alone; no gradient, no optimizer state changes. Between optimizer steps only.
   virtual Result<double> evaluate_loss(std::span<const std::int32_t> tokens,

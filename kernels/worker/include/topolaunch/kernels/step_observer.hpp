@@ -87,6 +87,9 @@ class StepObserver {
   // when traced steps ran and it is not written yet.
   Status finish(std::int64_t step);
 
+  // The optimizer steps skipped so far (non-finite gradients): the lines from now on carry it.
+  void set_skipped_steps(std::int64_t n) { skipped_steps_ = n; }
+
  private:
   void add(StepPart part, const char* what, Clock::time_point start, double start_us);
   Status write_line(std::int64_t step, std::int64_t steps, double loss, std::int64_t tokens);
@@ -98,6 +101,7 @@ class StepObserver {
   std::string trace_path_;
   bool trace_written_ = false;
   std::ofstream metrics_;
+  std::int64_t skipped_steps_ = 0;
   std::string metrics_path_;
   TraceMetadata meta_;
   int clock_syncs_;  // all-reduces after each traced step
