@@ -229,6 +229,8 @@ std::string_view to_string(TrainPrecision precision) {
       return "fp32";
     case TrainPrecision::bf16:
       return "bf16";
+    case TrainPrecision::fp8:
+      return "fp8";
   }
   return "?";
 }

@@ -143,7 +143,9 @@ void read_train(Reader& r, const toml::table& t, TrainSpec& train) {
   r.boolean(t, "train", "resume", train.resume);
   r.string(t, "train", "metrics_file", train.metrics_file, "\"metrics.jsonl\"");
   r.choice<TrainPrecision>(t, "train", "precision", train.precision,
-                           {{"fp32", TrainPrecision::fp32}, {"bf16", TrainPrecision::bf16}});
+                           {{"fp32", TrainPrecision::fp32},
+                            {"bf16", TrainPrecision::bf16},
+                            {"fp8", TrainPrecision::fp8}});
   r.choice<ShardSetting>(t, "train", "shard", train.shard,
                          {{"none", ShardSetting::none},
                           {"optimizer", ShardSetting::optimizer},

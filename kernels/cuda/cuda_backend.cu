@@ -14,6 +14,7 @@
 #include "attention_cudnn.cuh"
 #include "classifier.cuh"
 #include "encoder.cuh"
+#include "fp8.cuh"
 #include "gelu.cuh"
 #include "kernel_primitives.cuh"
 #include "layernorm.cuh"
@@ -257,6 +258,7 @@ Status CudaExecutor::init() {
   TL_CUDA_TRY(cudaMemsetAsync(arena_, 0, bytes, stream_), "arena memset");
   matmul_ = std::make_unique<Matmul>();
   if (!matmul_->error().empty()) return make_error("cuda backend: " + matmul_->error(), 1);
+  TL_STATUS_TRY(init_fp8());
 
   const std::size_t n_tokens = static_cast<std::size_t>(g[g.tokens].elements());
   for (auto& s : staging_) {
@@ -810,6 +812,7 @@ CudaExecutor::~CudaExecutor() {
   cudnn_attention_.reset();
   if (cudnn_workspace_ != nullptr) cudaFree(cudnn_workspace_);
   if (tables_ != nullptr) cudaFree(tables_);
+  if (fp8_memory_ != nullptr) cudaFree(fp8_memory_);
   if (arena_ != nullptr) cudaFree(arena_);
   if (comm_stream_ != nullptr) cudaStreamDestroy(comm_stream_);
   if (stream_ != nullptr) cudaStreamDestroy(stream_);
@@ -1313,6 +1316,14 @@ Status CudaExecutor::enqueue_op(std::size_t index, bool communicate, bool fuse, 
       const auto& w = shape(op.inputs[1]);
       const std::int64_t OC = w[0], C = w[1], N = el(op.inputs[0]) / C;
       const std::size_t j = gelu_partner_[index];
+      if (fp8_site_[index] >= 0 && !fp8_fallback_[index]) {
+        const bool gelu = j != kNoPartner && j < range_end_;
+        bool done = false;
+        TL_STATUS_TRY(fp8_forward(index, B(gelu ? g.ops[j].outputs[0] : op.outputs[0]),
+                                  gelu ? B(op.outputs[0]) : nullptr, B(op.inputs[0]),
+                                  B(op.inputs[1]), B(opt(op.inputs, 2)), N, C, OC, &done));
+        if (done) break;
+      }
       const cublasStatus_t st =
           j != kNoPartner && j < range_end_
               ? matmul_->matmul_forward_gelu(B(g.ops[j].outputs[0]), B(op.outputs[0]),
@@ -1330,6 +1341,15 @@ Status CudaExecutor::enqueue_op(std::size_t index, bool communicate, bool fuse, 
       const auto& w = shape(op.inputs[2]);
       const std::int64_t OC = w[0], C = w[1], N = el(op.inputs[1]) / C;
       const std::size_t j = gelu_partner_[index];
+      if (fp8_site_[index] >= 0 && !fp8_fallback_[index]) {
+        const bool gelu = j != kNoPartner && j < range_end_;
+        bool done = false;
+        TL_STATUS_TRY(fp8_backward(index, B(gelu ? g.ops[j].outputs[0] : op.outputs[0]),
+                                   gelu ? B(g.ops[j].inputs[1]) : nullptr, F(op.outputs[1]),
+                                   F(opt(op.outputs, 2)), B(op.inputs[0]), B(op.inputs[1]),
+                                   B(op.inputs[2]), N, C, OC, overwrite_[index] != 0, &done));
+        if (done) break;
+      }
       const cublasStatus_t st =
           j != kNoPartner && j < range_end_
               ? matmul_->matmul_backward_dgelu(B(g.ops[j].outputs[0]), F(op.outputs[1]),
@@ -1748,12 +1768,149 @@ DeviceMemory CudaExecutor::memory() const {
   m.arena_bytes = plan_.memory.arena_bytes;
   m.workspace_bytes = std::size_t{32} << 20;
   m.attention_workspace_bytes = cudnn_workspace_alloc_bytes_;
+  m.fp8_scratch_bytes = fp8_memory_bytes_;
   std::size_t free_bytes = 0, total_bytes = 0;
   if (cudaMemGetInfo(&free_bytes, &total_bytes) == cudaSuccess) {
     m.used_bytes = total_bytes - free_bytes;
     m.total_bytes = total_bytes;
   }
   return m;
+}
+
+// ---- fp8 --------------------------------------------------------------------------------
+
+namespace {
+std::size_t round_up_256(std::size_t n) { return (n + 255) / 256 * 256; }
+}  // namespace
+
+Status CudaExecutor::init_fp8() {
+  const Graph& g = plan_.graph;
+  fp8_site_.assign(g.ops.size(), -1);
+  fp8_fallback_.assign(g.ops.size(), 0);
+  if (!options_.fp8) return ok_status();
+  int sites = 0;
+  std::size_t first_max = 0, second_max = 0;
+  for (std::size_t i = 0; i < g.ops.size(); ++i) {
+    const Op& op = g.ops[i];
+    const bool forward = op.kind == OpKind::matmul_forward;
+    if (!forward && op.kind != OpKind::matmul_backward) continue;
+    const auto& w = g[op.inputs[forward ? 1 : 2]].shape;
+    const std::int64_t OC = w[0], C = w[1], N = g[op.inputs[forward ? 0 : 1]].elements() / C;
+    // the classifier stays bf16 (its logits feed the loss directly), and cuBLASLt's FP8 kernels
+    // want every dimension a multiple of 16
+    if (op.name == "lm_head" || C % 16 != 0 || OC % 16 != 0 || N % 16 != 0) {
+      ++fp8_report_.bf16_ops;
+      continue;
+    }
+    fp8_site_[i] = sites;
+    sites += 2;
+    first_max = std::max(first_max, static_cast<std::size_t>(N * (forward ? C : OC)));
+    second_max = std::max(second_max, static_cast<std::size_t>(OC * C));
+    ++fp8_report_.gemm_ops;
+  }
+  if (sites == 0) return ok_status();
+  fp8_calibrated_.assign(static_cast<std::size_t>(sites), 0);
+  fp8_operand_offset_ = round_up_256(static_cast<std::size_t>(sites) * sizeof(Fp8Scaling));
+  fp8_second_offset_ = fp8_operand_offset_ + round_up_256(first_max);
+  fp8_memory_bytes_ = fp8_second_offset_ + round_up_256(second_max);
+  TL_CUDA_TRY(cudaMalloc(&fp8_memory_, fp8_memory_bytes_),
+              "cudaMalloc of the " + format_bytes(fp8_memory_bytes_) + " of fp8 operands");
+  TL_CUDA_TRY(cudaMemsetAsync(fp8_memory_, 0, fp8_memory_bytes_, stream_), "fp8 memset");
+  fp8_report_.scratch_bytes = fp8_memory_bytes_;
+  return ok_status();
+}
+
+Fp8Report CudaExecutor::fp8_report() const {
+  Fp8Report r = fp8_report_;
+  for (std::size_t i = 0; i < fp8_fallback_.size(); ++i)
+    if (fp8_fallback_[i] && fp8_site_[i] >= 0) {
+      --r.gemm_ops;
+      ++r.fallback_ops;
+    }
+  return r;
+}
+
+Status CudaExecutor::fp8_forward(std::size_t index, bf16* y, bf16* pre, const bf16* x,
+                                 const bf16* w, const bf16* bias, std::int64_t N, std::int64_t C,
+                                 std::int64_t OC, bool* done) {
+  *done = false;
+  const auto site = static_cast<std::size_t>(fp8_site_[index]);
+  auto* sx = static_cast<Fp8Scaling*>(fp8_memory_) + site;
+  Fp8Scaling* sw = sx + 1;
+  auto* base = static_cast<std::byte*>(fp8_memory_);
+  void* x8 = base + fp8_operand_offset_;
+  void* w8 = base + fp8_second_offset_;
+  const float* step = static_cast<const float*>(device_pointer(plan_.graph.scalars)) + kStep;
+  if (!capturing_ && !fp8_calibrated_[site]) {
+    fp8_calibrate(x, N * C, sx, step, stream_);
+    fp8_calibrate(w, OC * C, sw, step, stream_);
+    fp8_calibrated_[site] = 1;
+  }
+  fp8_cast(x8, x, N * C, Fp8Format::e4m3, sx, step, stream_);
+  fp8_cast(w8, w, OC * C, Fp8Format::e4m3, sw, step, stream_);
+  const cublasStatus_t st = matmul_->matmul_forward_fp8(y, pre, x8, &sx->scale_inv, w8,
+                                                        &sw->scale_inv, bias, N, C, OC, stream_);
+  const std::string what =
+      "op " + std::to_string(index) + " '" + plan_.graph.ops[index].name + "' forward";
+  if (st == CUBLAS_STATUS_SUCCESS) {
+    *done = true;
+  } else if (!capturing_) {  // the first (eager) use: this GEMM runs in bf16 from now on
+    fp8_fallback_[index] = 1;
+    if (fp8_report_.first_fallback.empty())
+      fp8_report_.first_fallback =
+          what + ": cuBLASLt status " + std::to_string(static_cast<int>(st));
+  } else {
+    return make_error("cuda backend: " + what + ": FP8 GEMM: cuBLASLt status " +
+                          std::to_string(static_cast<int>(st)),
+                      1);
+  }
+  return ok_status();
+}
+
+Status CudaExecutor::fp8_backward(std::size_t index, bf16* dx, const bf16* pre, float* dw,
+                                  float* dbias, const bf16* dy, const bf16* x, const bf16* w,
+                                  std::int64_t N, std::int64_t C, std::int64_t OC,
+                                  bool overwrite_dx, bool* done) {
+  *done = false;
+  const std::string what =
+      "op " + std::to_string(index) + " '" + plan_.graph.ops[index].name + "' backward";
+  auto lt_error = [&](const char* part, cublasStatus_t st) {
+    return make_error("cuda backend: " + what + ": " + part + ": cuBLASLt status " +
+                          std::to_string(static_cast<int>(st)),
+                      1);
+  };
+  // the weight gradient in bf16 first: it reads x, which dpre may overwrite (the DGELU case)
+  cublasStatus_t st = matmul_->matmul_backward_dw(dw, dbias, dy, x, N, C, OC, stream_);
+  if (st != CUBLAS_STATUS_SUCCESS) return lt_error("weight gradient", st);
+  *done = true;
+  if (dx == nullptr) return ok_status();
+  const auto site = static_cast<std::size_t>(fp8_site_[index]);
+  auto* sdy = static_cast<Fp8Scaling*>(fp8_memory_) + site;
+  Fp8Scaling* swt = sdy + 1;
+  auto* base = static_cast<std::byte*>(fp8_memory_);
+  void* dy8 = base + fp8_operand_offset_;
+  void* wt8 = base + fp8_second_offset_;
+  const float* step = static_cast<const float*>(device_pointer(plan_.graph.scalars)) + kStep;
+  if (!capturing_ && !fp8_calibrated_[site]) {
+    fp8_calibrate(dy, N * OC, sdy, step, stream_);
+    fp8_calibrate(w, OC * C, swt, step, stream_);
+    fp8_calibrated_[site] = 1;
+  }
+  fp8_cast(dy8, dy, N * OC, Fp8Format::e5m2, sdy, step, stream_);
+  fp8_cast_transpose(wt8, w, OC, C, Fp8Format::e4m3, swt, step, stream_);
+  st = matmul_->matmul_backward_dx_fp8(dx, pre, dy8, &sdy->scale_inv, wt8, &swt->scale_inv, N, C,
+                                       OC, stream_, overwrite_dx);
+  if (st == CUBLAS_STATUS_SUCCESS) return ok_status();
+  if (capturing_) return lt_error("FP8 GEMM", st);
+  // the first (eager) use: this op's dx runs in bf16 from now on (the dW above is done: only the
+  // dx half here, not the whole bf16 op)
+  fp8_fallback_[index] = 1;
+  if (fp8_report_.first_fallback.empty())
+    fp8_report_.first_fallback = what + ": cuBLASLt status " + std::to_string(static_cast<int>(st));
+  st = pre != nullptr ? matmul_->matmul_backward_dx_dgelu(dx, dy, pre, w, N, C, OC, stream_)
+                      : matmul_->matmul_backward_dx(dx, dy, w, N, C, OC, stream_, overwrite_dx);
+  if (st != CUBLAS_STATUS_SUCCESS) return lt_error("bf16 GEMM", st);
+  return ok_status();
 }
 
 }  // namespace topolaunch::kernels::cuda

@@ -110,6 +110,21 @@ struct CudaExecutorOptions {
   // op_by_op only: CUDA events around every op, read back with op_times_ms() (where the step's
   // time goes, by op).
   bool profile_ops = false;
+  // train.precision = "fp8": the forward GEMMs (E4M3 activations and weights) and the
+  // activation-gradient GEMMs (E5M2 gradients, E4M3 weights) of the transformer blocks run in FP8
+  // with delayed per-tensor scaling (fp8.cuh); the weight-gradient GEMMs, the classifier,
+  // attention and everything else stay as in bf16. A GEMM cuBLASLt has no FP8 kernel for runs in
+  // bf16 (fp8_report()).
+  bool fp8 = false;
+};
+
+// What fp8 changed (CudaExecutor::fp8_report()).
+struct Fp8Report {
+  int gemm_ops = 0;               // matmul ops of the plan whose GEMMs run in FP8
+  int fallback_ops = 0;           // eligible ones cuBLASLt had no FP8 kernel for (bf16 instead)
+  int bf16_ops = 0;               // not eligible (the classifier, shapes not multiples of 16)
+  std::size_t scratch_bytes = 0;  // the casts' buffers and scaling state, outside the arena
+  std::string first_fallback;     // the first refusal: op, direction, cuBLASLt status
 };
 
 // Per-step figures of the device.
@@ -118,6 +133,7 @@ struct DeviceMemory {
   std::size_t workspace_bytes = 0;            // cuBLASLt workspace
   std::size_t attention_workspace_bytes = 0;  // cuDNN's workspace outside the arena (0: planned
                                               // in the arena, or our kernels)
+  std::size_t fp8_scratch_bytes = 0;          // fp8: the cast operands and their scaling state
   std::size_t used_bytes = 0;  // cudaMemGetInfo: total - free, now (context included)
   std::size_t total_bytes = 0;
 };
@@ -181,6 +197,7 @@ class CudaExecutor {
   Result<std::int64_t> skipped_steps();
 
   DeviceMemory memory() const;
+  Fp8Report fp8_report() const;
   // The attention implementation in use and the timings behind an auto choice.
   const AttentionChoice& attention_choice() const { return attention_choice_; }
   // profile_ops: GPU milliseconds of each op of the plan in the last launch that ran it (0 for
@@ -235,6 +252,16 @@ class CudaExecutor {
   Status enqueue_range(std::size_t begin, std::size_t end, bool communicate);
   Status enqueue_op(std::size_t index, bool communicate, bool fuse, bool& joined);
   Status join_communication();
+  // fp8: sites and scratch at init; the two GEMM ops through their FP8 casts (false in *done:
+  // the op runs in bf16: not eligible, or cuBLASLt refused the FP8 call at its first use).
+  Status init_fp8();
+  Status fp8_forward(std::size_t index, __nv_bfloat16* y, __nv_bfloat16* pre,
+                     const __nv_bfloat16* x, const __nv_bfloat16* w, const __nv_bfloat16* bias,
+                     std::int64_t N, std::int64_t C, std::int64_t OC, bool* done);
+  Status fp8_backward(std::size_t index, __nv_bfloat16* dx, const __nv_bfloat16* pre, float* dw,
+                      float* dbias, const __nv_bfloat16* dy, const __nv_bfloat16* x,
+                      const __nv_bfloat16* w, std::int64_t N, std::int64_t C, std::int64_t OC,
+                      bool overwrite_dx, bool* done);
   void write_scalars(const AdamWSettings& settings, std::int64_t step);
 
   Plan plan_;
@@ -282,6 +309,14 @@ class CudaExecutor {
   void* tables_ = nullptr;
   float* norm_partials_ = nullptr;
   float* skipped_steps_ = nullptr;  // device counter, beside norm_partials_ (optimizer_step_guard)
+  // fp8: per op its first cast site (two per GEMM op: x and w forward, dy and w^T backward) or
+  // -1, whether it fell back to bf16, per site whether its history was calibrated; the sites'
+  // scaling state and the cast operands' buffer (one op's operands at a time), one allocation.
+  std::vector<int> fp8_site_;
+  std::vector<std::uint8_t> fp8_fallback_, fp8_calibrated_;
+  void* fp8_memory_ = nullptr;
+  std::size_t fp8_memory_bytes_ = 0, fp8_operand_offset_ = 0, fp8_second_offset_ = 0;
+  Fp8Report fp8_report_;
   std::size_t range_begin_ = 0, range_end_ = 0;  // the range being enqueued
   std::vector<cudaEvent_t> bucket_ready_, bucket_done_;
   std::vector<std::size_t> issued_buckets_;  // issued in the range being enqueued, not yet joined

@@ -100,7 +100,10 @@ Matmul::Key Matmul::key_of(const Call& c) {
              static_cast<int>(c.d_type),
              c.bias != nullptr,
              static_cast<int>(c.epilogue),
-             c.beta};
+             c.beta,
+             static_cast<int>(c.a_type),
+             static_cast<int>(c.b_type),
+             c.fast_accum};
 }
 
 bool Matmul::capturing(cudaStream_t stream) const {
@@ -152,6 +155,12 @@ cublasStatus_t Matmul::run(Gemm& g, const Call& c, const cublasLtMatmulAlgo_t& a
   if (c.bias != nullptr)
     TL_LT_CHECK(cublasLtMatmulDescSetAttribute(g.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &c.bias,
                                                sizeof c.bias));
+  if (c.a_scale != nullptr)
+    TL_LT_CHECK(cublasLtMatmulDescSetAttribute(g.desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER,
+                                               &c.a_scale, sizeof c.a_scale));
+  if (c.b_scale != nullptr)
+    TL_LT_CHECK(cublasLtMatmulDescSetAttribute(g.desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER,
+                                               &c.b_scale, sizeof c.b_scale));
   const float alpha = 1.0f;
   return cublasLtMatmul(handle_, g.desc, &alpha, c.a, g.a, c.b, g.b, &c.beta, c.d, g.d, c.d, g.d,
                         &algo, workspace_, workspace_bytes_, stream);
@@ -245,10 +254,21 @@ Matmul::Gemm* Matmul::lookup(const Call& c, cudaStream_t stream, cublasStatus_t*
     TL_LT_TRY(cublasLtMatmulDescSetAttribute(g->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &c.bias,
                                              sizeof c.bias));
   }
+  if (c.a_scale != nullptr)
+    TL_LT_TRY(cublasLtMatmulDescSetAttribute(g->desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER,
+                                             &c.a_scale, sizeof c.a_scale));
+  if (c.b_scale != nullptr)
+    TL_LT_TRY(cublasLtMatmulDescSetAttribute(g->desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER,
+                                             &c.b_scale, sizeof c.b_scale));
+  if (c.a_type != CUDA_R_16BF || c.b_type != CUDA_R_16BF) {
+    const std::int8_t fast = c.fast_accum ? 1 : 0;
+    TL_LT_TRY(cublasLtMatmulDescSetAttribute(g->desc, CUBLASLT_MATMUL_DESC_FAST_ACCUM, &fast,
+                                             sizeof fast));
+  }
   // column-major layouts of the stored matrices (before op())
-  TL_LT_TRY(cublasLtMatrixLayoutCreate(&g->a, CUDA_R_16BF, c.trans_a ? c.k : c.m,
+  TL_LT_TRY(cublasLtMatrixLayoutCreate(&g->a, c.a_type, c.trans_a ? c.k : c.m,
                                        c.trans_a ? c.m : c.k, c.lda));
-  TL_LT_TRY(cublasLtMatrixLayoutCreate(&g->b, CUDA_R_16BF, c.trans_b ? c.n : c.k,
+  TL_LT_TRY(cublasLtMatrixLayoutCreate(&g->b, c.b_type, c.trans_b ? c.n : c.k,
                                        c.trans_b ? c.k : c.n, c.ldb));
   TL_LT_TRY(cublasLtMatrixLayoutCreate(&g->d, c.d_type, c.m, c.n, c.ldd));
   cublasLtMatmulPreference_t pref = nullptr;
@@ -476,10 +496,72 @@ cublasStatus_t Matmul::matmul_backward_dgelu(__nv_bfloat16* dpre, float* dw, flo
   // dW (and dbias) first: x is then read, so dpre may take x's memory (the executor's plan reuses
   // x's buffer, dead after this op, for dpre)
   TL_LT_CHECK(matmul_backward_dw(dw, dbias, dy, x, N, C, OC, stream));
+  return matmul_backward_dx_dgelu(dpre, dy, pre, w, N, C, OC, stream);
+}
+
+cublasStatus_t Matmul::matmul_backward_dx_dgelu(__nv_bfloat16* dpre, const __nv_bfloat16* dy,
+                                                const __nv_bfloat16* pre, const __nv_bfloat16* w,
+                                                std::int64_t N, std::int64_t C, std::int64_t OC,
+                                                cudaStream_t stream) {
+  if (C % 8 != 0) return CUBLAS_STATUS_INVALID_VALUE;
   // dPre' (C,N) = (W' (C,OC) dY' (OC,N)) * gelu'(pre'), overwritten
   Call c = dx_call(dpre, dy, w, N, C, OC, 0.0f);
   c.epilogue = CUBLASLT_EPILOGUE_DGELU;
   c.aux = pre;
+  return gemm(c, stream);
+}
+
+cublasStatus_t Matmul::matmul_forward_fp8(__nv_bfloat16* y, __nv_bfloat16* pre, const void* x8,
+                                          const float* x_scale_inv, const void* w8,
+                                          const float* w_scale_inv, const __nv_bfloat16* bias,
+                                          std::int64_t N, std::int64_t C, std::int64_t OC,
+                                          cudaStream_t stream) {
+  if (pre != nullptr && OC % 8 != 0) return CUBLAS_STATUS_INVALID_VALUE;
+  // Y' (OC,N) = W8'^T (OC,C) X8' (C,N): the bf16 forward's layout, already TN
+  Call c = forward_call(y, nullptr, nullptr, bias, N, C, OC);
+  c.a = w8;
+  c.a_type = CUDA_R_8F_E4M3;
+  c.a_scale = w_scale_inv;
+  c.b = x8;
+  c.b_type = CUDA_R_8F_E4M3;
+  c.b_scale = x_scale_inv;
+  c.fast_accum = true;
+  if (pre != nullptr) {
+    c.epilogue = CUBLASLT_EPILOGUE_GELU_AUX;
+    c.aux = pre;
+  }
+  return gemm(c, stream);
+}
+
+cublasStatus_t Matmul::matmul_backward_dx_fp8(__nv_bfloat16* dx, const __nv_bfloat16* pre,
+                                              const void* dy8, const float* dy_scale_inv,
+                                              const void* wt8, const float* wt_scale_inv,
+                                              std::int64_t N, std::int64_t C, std::int64_t OC,
+                                              cudaStream_t stream, bool overwrite_dx) {
+  if (pre != nullptr && C % 8 != 0) return CUBLAS_STATUS_INVALID_VALUE;
+  // dX' (C,N) (+)= Wt8'^T (C,OC) dY8' (OC,N): Wt (C,OC) row-major is Wt' (OC,C) column-major,
+  // taken transposed
+  Call c;
+  c.trans_a = true;
+  c.m = C;
+  c.n = N;
+  c.k = OC;
+  c.a = wt8;
+  c.lda = OC;
+  c.a_type = CUDA_R_8F_E4M3;
+  c.a_scale = wt_scale_inv;
+  c.b = dy8;
+  c.ldb = OC;
+  c.b_type = CUDA_R_8F_E5M2;
+  c.b_scale = dy_scale_inv;
+  c.d = dx;
+  c.ldd = C;
+  c.d_type = CUDA_R_16BF;
+  c.beta = pre != nullptr || overwrite_dx ? 0.0f : 1.0f;
+  if (pre != nullptr) {
+    c.epilogue = CUBLASLT_EPILOGUE_DGELU;
+    c.aux = pre;
+  }
   return gemm(c, stream);
 }
 

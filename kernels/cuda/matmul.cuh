@@ -141,6 +141,31 @@ class Matmul {
                                        std::int64_t N, std::int64_t C, std::int64_t OC,
                                        cudaStream_t stream);
 
+  // The dx half of matmul_backward_dgelu: dpre (N,C) = (dy @ w) * gelu'(pre), overwritten.
+  cublasStatus_t matmul_backward_dx_dgelu(__nv_bfloat16* dpre, const __nv_bfloat16* dy,
+                                          const __nv_bfloat16* pre, const __nv_bfloat16* w,
+                                          std::int64_t N, std::int64_t C, std::int64_t OC,
+                                          cudaStream_t stream);
+
+  // FP8 GEMMs (train.precision = "fp8"): the operands cast by fp8.cuh, each with the inverse of
+  // its scale in device memory (the GEMM multiplies by both); bf16 output, fp32 accumulation.
+  // cuBLASLt's FP8 kernels on sm_90 take A transposed and B not, so both layouts below are TN.
+  // y (N,OC) = x8 (N,C) @ w8 (OC,C)^T + bias (x8, w8 E4M3; bias bf16, may be null); with pre not
+  // null, GELU in the epilogue as matmul_forward_gelu (pre the GELU input, y its output).
+  // Fast accumulation (no split accumulator), as usual for the forward.
+  cublasStatus_t matmul_forward_fp8(__nv_bfloat16* y, __nv_bfloat16* pre, const void* x8,
+                                    const float* x_scale_inv, const void* w8,
+                                    const float* w_scale_inv, const __nv_bfloat16* bias,
+                                    std::int64_t N, std::int64_t C, std::int64_t OC,
+                                    cudaStream_t stream);
+  // dx (N,C) (+)= dy8 (N,OC) @ w (OC,C) with wt8 = w^T (C,OC) row-major E4M3 and dy8 E5M2;
+  // overwrite_dx as matmul_backward_dx. With pre not null, DGELU in the epilogue as
+  // matmul_backward_dgelu: dx = (dy @ w) * gelu'(pre), overwritten.
+  cublasStatus_t matmul_backward_dx_fp8(__nv_bfloat16* dx, const __nv_bfloat16* pre,
+                                        const void* dy8, const float* dy_scale_inv, const void* wt8,
+                                        const float* wt_scale_inv, std::int64_t N, std::int64_t C,
+                                        std::int64_t OC, cudaStream_t stream, bool overwrite_dx);
+
  private:
   struct Gemm;  // one cached descriptor set
   // One GEMM call: D (m,n, column-major) = alpha op(A) op(B) + beta C; C and D are the same
@@ -160,6 +185,11 @@ class Matmul {
     const void* bias = nullptr;
     cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_DEFAULT;  // DEFAULT, GELU_AUX, DGELU, BGRADB
     const void* aux = nullptr;
+    // FP8 operands: their types, device scales (null: none) and fast accumulation
+    cudaDataType_t a_type = CUDA_R_16BF, b_type = CUDA_R_16BF;
+    const float* a_scale = nullptr;
+    const float* b_scale = nullptr;
+    bool fast_accum = false;
   };
   cublasStatus_t gemm(const Call& call, cudaStream_t stream);
   // The two GEMM layouts shared by the plain and the GELU-epilogue calls (bf16 D, no epilogue):
@@ -186,7 +216,7 @@ class Matmul {
                       std::int64_t OC, cudaStream_t stream);
 
   using Key = std::tuple<bool, bool, std::int64_t, std::int64_t, std::int64_t, std::int64_t,
-                         std::int64_t, std::int64_t, int, bool, int, float>;
+                         std::int64_t, std::int64_t, int, bool, int, float, int, int, bool>;
   static Key key_of(const Call& call);
   std::map<Key, std::unique_ptr<Gemm>> cache_;
   std::map<std::tuple<std::int64_t, std::int64_t, std::int64_t>, BiasGradChoice> bias_choice_;

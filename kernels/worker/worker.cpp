@@ -135,7 +135,8 @@ Result<Graph> build_training_graph(const jobspec::JobConfig& c, std::int64_t voc
     return make_error(c.path + ": model.padded_vocab: " + std::to_string(m.padded_vocab) +
                       " is smaller than the vocabulary in use (" + std::to_string(vocab) + ")");
   Precision prec;
-  if (c.train.precision == TrainPrecision::bf16) prec = Precision::cuda_bf16();
+  // fp8 keeps the bf16 graph: only the executor's GEMMs change
+  if (c.train.precision != TrainPrecision::fp32) prec = Precision::cuda_bf16();
   Graph g = m.kind == ModelKind::gpt2    ? build_gpt2(gpt_config(m, c.train, vocab), prec)
             : m.kind == ModelKind::llama ? build_llama(llama_config(m, c.train, vocab), prec)
                                          : build_mlp(mlp_config(m, c.train, vocab), prec);
@@ -563,7 +564,7 @@ int run_worker(const WorkerOptions& o, std::ostream& out, std::ostream& err) {
     }
   }
 
-  const bool gpu = c.train.precision == TrainPrecision::bf16;
+  const bool gpu = c.train.precision != TrainPrecision::fp32;
   PlanOptions po;
   po.memory_budget_bytes =
       gpu ? c.budget.gpu_memory_bytes_per_rank : c.budget.memory_bytes_per_rank;
@@ -609,8 +610,9 @@ int run_worker(const WorkerOptions& o, std::ostream& out, std::ostream& err) {
   }
   const ExecutorFactory make_executor = gpu ? o.bf16_executor : o.fp32_executor;
   if (make_executor == nullptr)
-    return fail(make_error(c.path +
-                           ": train.precision: \"bf16\" needs the CUDA backend, and this "
+    return fail(make_error(c.path + ": train.precision: \"" +
+                           std::string(to_string(c.train.precision)) +
+                           "\" needs the CUDA backend, and this "
                            "topolaunch-worker was built without it (meson setup -Dcuda=enabled "
                            "on a host with nvcc); use \"fp32\" for the CPU backend, or "
                            "--plan-only to see the plan"));

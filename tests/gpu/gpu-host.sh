@@ -9,7 +9,8 @@
 # benchmark against PyTorch in the same run), models (meson test --benchmark --suite gpu-models:
 # the example configs' GPT-2 350M/774M/1.5B and ~1B LLaMA against torch.compile, with and without
 # a memory budget), example (topolaunch run of the single-GPU example), text (GPT-2 124M on the
-# prepared Austen tokens: loss curves, a sample, the export in PyTorch).
+# prepared Austen tokens: loss curves, a sample, the export in PyTorch), fp8 (the same job with
+# train.precision "fp8" against "bf16" from the same start: tests/gpu/fp8_vs_bf16.py).
 # BUILD (default build-gpu), OUT (default $BUILD/out), MESON_ARGS (extra setup options).
 set -uo pipefail
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
@@ -105,7 +106,14 @@ for step in "${STEPS[@]}"; do
     RC[text]=$?
     tail -40 "$OUT/text.log"
     ;;
-  *) echo "unknown step $step (setup build test bench models example text)"; exit 2 ;;
+  fp8)
+    stage "GPT-2 124M on the Austen tokens, fp8 against bf16 (tests/gpu/fp8_vs_bf16.py)"
+    python3 tests/gpu/fp8_vs_bf16.py --build "$BUILD" --data "$CARRY/data/austen-bpe8k" \
+      --out "$OUT/fp8" > "$OUT/fp8.log" 2>&1
+    RC[fp8]=$?
+    tail -5 "$OUT/fp8.log"
+    ;;
+  *) echo "unknown step $step (setup build test bench models example text fp8)"; exit 2 ;;
   esac
   echo "--- $step: exit ${RC[$step]} ($((SECONDS - T0)) s)"
 done

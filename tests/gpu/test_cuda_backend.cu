@@ -15,10 +15,15 @@
 //      attention backward through cuDNN (first writer of dqkv), by graph replay and op by op;
 //      attention = auto must time both and train within 1e-2 of the CPU; without a cuDNN build,
 //      cudnn must be refused with a message naming what is missing and auto must choose own.
+//   6. fp8 (CudaExecutorOptions::fp8): the casts alone (E4M3 within its rounding of the source,
+//      the amax history and the inverse scale as fp8.cuh says, the transposed cast the same bytes
+//      as the cast of the transpose), then 10 steps with the blocks' GEMMs in FP8: every GEMM op
+//      eligible runs FP8 (none falls back), the losses within 5e-2 of bf16's and falling.
 // With an output folder argument it also exports the init, the batch and the losses for the
 // PyTorch reference (tests/bench/kernels/gpt2_torch_reference.py).
 // Plain main (the GPU host has no Catch2 2.x): prints one line per check, exits with the number of
 // failed checks (100 on a fatal error).
+#include <cuda_fp8.h>
 #include <cuda_runtime.h>
 
 #include <cmath>
@@ -33,6 +38,7 @@
 
 #include "attention_cudnn.cuh"
 #include "cuda_backend.hpp"
+#include "fp8.cuh"
 #include "topolaunch/kernels/cpu_backend.hpp"
 #include "topolaunch/kernels/plan.hpp"
 
@@ -394,6 +400,94 @@ int main(int argc, char** argv) {
           fmt("a nan loss scale: grad norm %g, %lld step skipped, master weights %s; the next "
               "steps train as AdamW's steps 2 and 3 (worst relative %.2e <= 1e-3)",
               norm, static_cast<long long>(skipped), unchanged ? "unchanged" : "CHANGED", rel));
+  }
+
+  // ---- fp8: the casts, then training with the blocks' GEMMs in FP8 ----
+  {
+    constexpr std::int64_t rows = 96, cols = 160, n = rows * cols;
+    std::vector<__nv_bfloat16> hx(n), hxt(n);
+    std::mt19937 rng(11);
+    std::normal_distribution<float> dist(0.0f, 3.0f);
+    float amax = 0;
+    for (std::int64_t r = 0; r < rows; ++r)
+      for (std::int64_t c2 = 0; c2 < cols; ++c2) {
+        const __nv_bfloat16 v = __float2bfloat16(dist(rng));
+        hx[r * cols + c2] = v;
+        hxt[c2 * rows + r] = v;
+        amax = std::max(amax, std::fabs(__bfloat162float(v)));
+      }
+    __nv_bfloat16 *dx = nullptr, *dxt = nullptr;
+    std::uint8_t *d8 = nullptr, *dt8 = nullptr, *dtt8 = nullptr;
+    gpu::Fp8Scaling* ds = nullptr;
+    float* dstep = nullptr;
+    const float step = 1;  // current slot 1, next 2, the calibration's slot 0
+    bool alloc = cudaMalloc(&dx, n * 2) == cudaSuccess && cudaMalloc(&dxt, n * 2) == cudaSuccess &&
+                 cudaMalloc(&d8, n) == cudaSuccess && cudaMalloc(&dt8, n) == cudaSuccess &&
+                 cudaMalloc(&dtt8, n) == cudaSuccess &&
+                 cudaMalloc(&ds, 3 * sizeof(gpu::Fp8Scaling)) == cudaSuccess &&
+                 cudaMalloc(&dstep, sizeof(float)) == cudaSuccess;
+    alloc = alloc && cudaMemcpy(dx, hx.data(), n * 2, cudaMemcpyHostToDevice) == cudaSuccess &&
+            cudaMemcpy(dxt, hxt.data(), n * 2, cudaMemcpyHostToDevice) == cudaSuccess &&
+            cudaMemcpy(dstep, &step, sizeof step, cudaMemcpyHostToDevice) == cudaSuccess &&
+            cudaMemset(ds, 0, 3 * sizeof(gpu::Fp8Scaling)) == cudaSuccess;
+    if (!alloc) {
+      std::fprintf(stderr, "FATAL fp8 test buffers\n");
+      return 100;
+    }
+    for (int k = 0; k < 3; ++k) gpu::fp8_calibrate(dx, n, ds + k, dstep, nullptr);
+    gpu::fp8_cast(d8, dx, n, gpu::Fp8Format::e4m3, ds, dstep, nullptr);
+    gpu::fp8_cast_transpose(dt8, dx, rows, cols, gpu::Fp8Format::e4m3, ds + 1, dstep, nullptr);
+    gpu::fp8_cast(dtt8, dxt, n, gpu::Fp8Format::e4m3, ds + 2, dstep, nullptr);
+    std::vector<std::uint8_t> h8(n), ht8(n), htt8(n);
+    gpu::Fp8Scaling hs[3];
+    const bool copied = cudaDeviceSynchronize() == cudaSuccess &&
+                        cudaMemcpy(h8.data(), d8, n, cudaMemcpyDeviceToHost) == cudaSuccess &&
+                        cudaMemcpy(ht8.data(), dt8, n, cudaMemcpyDeviceToHost) == cudaSuccess &&
+                        cudaMemcpy(htt8.data(), dtt8, n, cudaMemcpyDeviceToHost) == cudaSuccess &&
+                        cudaMemcpy(hs, ds, sizeof hs, cudaMemcpyDeviceToHost) == cudaSuccess;
+    double worst_rel = 0;
+    for (std::int64_t i = 0; i < n; ++i) {
+      __nv_fp8_e4m3 q;
+      q.__x = h8[i];
+      const double back = static_cast<double>(static_cast<float>(q)) * hs[0].scale_inv;
+      const double ref = __bfloat162float(hx[i]);
+      if (std::fabs(ref) > amax / 64)  // normal range of E4M3 after scaling
+        worst_rel = std::max(worst_rel, std::fabs(back - ref) / std::fabs(ref));
+    }
+    check(copied && worst_rel <= 1.0 / 16 &&
+              std::fabs(hs[0].scale_inv - amax / 448.0f) <= 1e-6f * amax && hs[0].amax[0] == amax &&
+              hs[0].amax[1] == amax && hs[0].amax[2] == 0,
+          fmt("fp8 cast E4M3: scale from the calibrated history (scale_inv %.6g = amax %.4g / "
+              "448), worst relative error %.4f <= 1/16, |x| max folded into the step's slot",
+              hs[0].scale_inv, amax, worst_rel));
+    check(copied && ht8 == htt8 && hs[1].scale_inv == hs[2].scale_inv,
+          "fp8 transposed cast: the same bytes as the cast of the transposed tensor");
+    for (void* p : {static_cast<void*>(dx), static_cast<void*>(dxt), static_cast<void*>(d8),
+                    static_cast<void*>(dt8), static_cast<void*>(dtt8), static_cast<void*>(ds),
+                    static_cast<void*>(dstep)})
+      cudaFree(p);
+
+    gpu::CudaExecutorOptions fp8 = own;
+    fp8.fp8 = true;
+    auto ex8 = must(gpu::CudaExecutor::create(gpu_plan, fp8), "create (fp8)");
+    const auto fp8_losses = train_gpu(*ex8, tokens, targets, loss_scale, adamw);
+    const gpu::Fp8Report r = ex8->fp8_report();
+    double worst8 = 0;
+    for (int i = 0; i < kSteps; ++i)
+      worst8 = std::max(worst8, std::fabs(fp8_losses[i] - graph_losses[i]) / graph_losses[i]);
+    int gemm_ops = 0;
+    for (const auto& op : gpu_plan.graph.ops)
+      gemm_ops +=
+          (op.kind == tk::OpKind::matmul_forward || op.kind == tk::OpKind::matmul_backward) &&
+          op.name != "lm_head";
+    check(r.gemm_ops == gemm_ops && r.fallback_ops == 0 && r.scratch_bytes > 0,
+          fmt("fp8: %d of %d block GEMM ops in FP8, %d fell back (%s), %d bf16, %s of operands",
+              r.gemm_ops, gemm_ops, r.fallback_ops,
+              r.first_fallback.empty() ? "-" : r.first_fallback.c_str(), r.bf16_ops,
+              tk::format_bytes(r.scratch_bytes).c_str()));
+    check(worst8 <= 5e-2 && fp8_losses.back() < fp8_losses.front(),
+          fmt("fp8: 10-step losses %.4f -> %.4f, vs bf16 worst relative %.2e <= 5e-2",
+              fp8_losses.front(), fp8_losses.back(), worst8));
   }
 
   // ---- the optimizer alone: multi-tensor vs per-tensor AdamW, fixed-order norm ----

@@ -302,8 +302,13 @@ class CudaTrainingExecutor final : public TrainingExecutor {
     const Graph& g = plan().graph;
     return fmt(
         "model %s: %zu parameters, vocabulary %lld; %d rank(s), GPU %d (CUDA backend, "
-        "bf16, %s%s), batch %lld x seq %lld x accum %d per rank; arena %s\n",
+        "%s, %s%s), batch %lld x seq %lld x accum %d per rank; arena %s\n",
         s.model_kind.c_str(), g.parameter_count(), static_cast<long long>(g.vocab), world_, device_,
+        executor_->options().fp8
+            ? fmt("fp8: %d GEMM ops in FP8 E4M3/E5M2 with delayed scaling, %d in bf16",
+                  executor_->fp8_report().gemm_ops, executor_->fp8_report().bf16_ops)
+                  .c_str()
+            : "bf16",
         "whole step replayed as a CUDA Graph",
         world_ > 1 ? ("; NCCL " + NcclCommunicator::nccl_version() + ", " +
                       std::to_string(plan().comm.buckets.size()) + " gradient buckets")
@@ -312,7 +317,15 @@ class CudaTrainingExecutor final : public TrainingExecutor {
         static_cast<long long>(s.batch), static_cast<long long>(s.seq_len), s.grad_accum,
         format_bytes(plan().memory.arena_bytes).c_str());
   }
-  std::string where_it_ran() const override { return " on " + std::to_string(world_) + " GPU(s)"; }
+  std::string where_it_ran() const override {
+    std::string s = " on " + std::to_string(world_) + " GPU(s)";
+    if (!executor_->options().fp8) return s;
+    // known after the first step: GEMMs cuBLASLt had no FP8 kernel for ran in bf16
+    const Fp8Report r = executor_->fp8_report();
+    s += fmt(" (fp8: %d GEMM ops in FP8, %d fell back to bf16", r.gemm_ops, r.fallback_ops);
+    if (!r.first_fallback.empty()) s += ", first: " + r.first_fallback;
+    return s + ")";
+  }
 
   Status init_parameters(std::uint64_t seed) override {
     return runtime(executor_->init_parameters(seed));
@@ -635,7 +648,11 @@ Result<std::unique_ptr<TrainingExecutor>> CudaTrainingExecutor::create(const Exe
   int devices = 0;
   if (cudaGetDeviceCount(&devices) != cudaSuccess) devices = 0;
   auto device_r = cuda_device_for_local_rank(setup.place.local_rank, devices);
-  if (!device_r) return make_error("train.precision: \"bf16\": " + device_r.error().message, 1);
+  const bool fp8 = setup.config.train.precision == jobspec::TrainPrecision::fp8;
+  if (!device_r)
+    return make_error(std::string("train.precision: \"") + (fp8 ? "fp8" : "bf16") +
+                          "\": " + device_r.error().message,
+                      1);
   const int device = *device_r;
   if (cudaSetDevice(device) != cudaSuccess)
     return make_error("cudaSetDevice(" + std::to_string(device) + ") failed", 1);
@@ -663,7 +680,9 @@ Result<std::unique_ptr<TrainingExecutor>> CudaTrainingExecutor::create(const Exe
                         2);
     self->measured_ = std::make_unique<MeasuredCommunicator>(*self->comm_);
   }
-  auto ex_r = CudaExecutor::create(setup.plan, {}, self->measured_.get());
+  CudaExecutorOptions options;
+  options.fp8 = fp8;
+  auto ex_r = CudaExecutor::create(setup.plan, options, self->measured_.get());
   if (!ex_r) return ex_r.error();
   self->executor_ = std::move(*ex_r);
   if (self->measured_) self->measured_->set_compute_stream(self->executor_->stream());

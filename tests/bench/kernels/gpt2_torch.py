@@ -229,6 +229,8 @@ def main():
         for o in mine:
             cmp = {"bench": "gpt2_compare", "model": label(m), "batch": B,
                    "ours_budget_gib": o.get("budget_gib", 0),
+                   "ours_precision": o.get("precision", "bf16"),
+                   "ours_classifier_chunk_rows": o.get("classifier_chunk_rows"),
                    "ours_recomputed_tensors": o.get("recomputed_tensors", 0),
                    "ours_extra_compute_pct": o.get("extra_compute_pct", 0),
                    "ours_tokens_per_s": o["tokens_per_s"],

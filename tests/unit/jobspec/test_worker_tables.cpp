@@ -129,6 +129,9 @@ TEST_CASE("worker tables: defaults, and the data's vocabulary when vocab_size is
   CHECK_FALSE(r->model->vocab_size.has_value());
   CHECK(r->data.path == "/usr/lib/R/site-library/janeaustenr/data/Rdata.rdb");
   CHECK(r->train.precision == TrainPrecision::fp32);
+  auto fp8 = parse_job_config("[train]\nprecision = \"fp8\"\n", "job.toml");
+  REQUIRE(fp8.ok());
+  CHECK(fp8->train.precision == TrainPrecision::fp8);
   CHECK(r->train.log_every == 1);
   CHECK(r->train.keep_checkpoints == 2);  // one generation to fall back to
   CHECK(r->train.checkpoint_async);
@@ -169,7 +172,7 @@ TEST_CASE("worker tables: structure is checked where the model is written") {
             .find("model.hidden: expected an array of layer "
                   "widths, got an integer") != std::string::npos);
   CHECK(error_of("[train]\nprecision = \"fp16\"\n") ==
-        "job.toml:2:13: train.precision: \"fp16\" is not one of \"fp32\", \"bf16\"");
+        "job.toml:2:13: train.precision: \"fp16\" is not one of \"fp32\", \"bf16\", \"fp8\"");
   CHECK(error_of("[data]\nkind = \"csv\"\n") ==
         "job.toml:2:8: data.kind: \"csv\" is not one of \"text\", \"janeaustenr\", \"tokens\"");
   CHECK(error_of("[train]\nbeta2 = 1.5\n").find("train.beta2: 1.5 is out of range") !=

@@ -268,6 +268,24 @@ TEST_CASE("worker: train.precision bf16 needs the CUDA backend; with one it gets
   CHECK(g_script.activation_dtype == DType::bf16);  // bf16 activations
 }
 
+TEST_CASE("worker: train.precision fp8 needs the CUDA backend too, and runs the bf16 plan") {
+  g_script = Script{};
+  TempDir d;
+  auto job = write_job(d, "steps = 1\nresume = false\nprecision = \"fp8\"\n");
+  WorkerOptions o;
+  o.config_path = job.string();
+  o.fp32_executor = &scripted;  // a CPU executor is no substitute
+  std::ostringstream out, err;
+  CHECK(run_worker(o, out, err) == 2);
+  CHECK_THAT(err.str(), Catch::Contains("train.precision: \"fp8\" needs the CUDA backend"));
+  o.bf16_executor = &scripted;
+  std::ostringstream out2, err2;
+  CHECK(run_worker(o, out2, err2) == 0);
+  CHECK(g_script.finished_steps == std::vector<std::int64_t>{1});
+  CHECK(g_script.grad_dtype == DType::f32);
+  CHECK(g_script.activation_dtype == DType::bf16);  // the GEMMs' casts are the executor's
+}
+
 TEST_CASE(
     "training loop, [observe]: only the traced steps are traced, each followed by clock-sync sums; "
     "the step figures cover every step once") {
