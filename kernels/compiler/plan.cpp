@@ -100,7 +100,7 @@ std::size_t place(std::vector<Buffer>& bufs, const std::vector<std::size_t>& ord
 std::int64_t auto_classifier_chunk_rows(std::int64_t rows, std::size_t logits_bytes) {
   if (logits_bytes <= kClassifierChunkMinBytes) return 0;
   std::int64_t r = (rows + kClassifierChunks - 1) / kClassifierChunks;
-  r = std::max<std::int64_t>((r + 63) / 64 * 64, 1024);
+  r = std::max<std::int64_t>((r + 63) / 64 * 64, kClassifierChunkMinRows);
   return r < rows ? r : 0;
 }
 

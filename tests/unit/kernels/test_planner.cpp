@@ -302,11 +302,11 @@ TEST_CASE("the chunked classifier's forward alone (evaluation) gives the losses 
 
 TEST_CASE("the classifier is chunked automatically only where its logits are large") {
   CHECK(auto_classifier_chunk_rows(65536, std::size_t{65536} * 50304 * 2) == 8192);  // B=64
-  CHECK(auto_classifier_chunk_rows(16384, std::size_t{16384} * 50304 * 2) == 2048);  // B=16
-  CHECK(auto_classifier_chunk_rows(8192, std::size_t{8192} * 50304 * 2) == 1024);
+  CHECK(auto_classifier_chunk_rows(16384, std::size_t{16384} * 50304 * 2) == 4096);  // B=16
+  CHECK(auto_classifier_chunk_rows(8192, std::size_t{8192} * 50304 * 2) == 4096);
   CHECK(auto_classifier_chunk_rows(4096, std::size_t{100} << 20) == 0);   // under 256 MiB
-  CHECK(auto_classifier_chunk_rows(1024, std::size_t{1} << 30) == 0);     // one chunk is all
-  CHECK(auto_classifier_chunk_rows(1500, std::size_t{1} << 30) == 1024);  // 1,024 + 476
+  CHECK(auto_classifier_chunk_rows(4096, std::size_t{1} << 30) == 0);     // one chunk is all
+  CHECK(auto_classifier_chunk_rows(5000, std::size_t{1} << 30) == 4096);  // 4,096 + 904
   auto plan = compile_plan(training_graph(small_gpt()), PlanOptions{});
   REQUIRE(plan.ok());
   CHECK(plan->classifier_chunk_rows == 0);

@@ -31,10 +31,14 @@ int fuse_elementwise(Graph& graph);
 // is; a head with a bias is left as it is. Returns the rows per chunk applied (0: not applied).
 std::int64_t chunk_classifier(Graph& graph, std::int64_t chunk_rows);
 // Automatic: chunk when the logits exceed kClassifierChunkMinBytes, into kClassifierChunks chunks
-// (rows a multiple of 64, at least 1,024: each chunk's GEMMs stay large); else 0 (none). Eight
-// chunks keep 7/8 of the logits' memory for one extra fp32 read and write of dw per chunk.
+// (rows a multiple of 64, at least kClassifierChunkMinRows); else 0 (none). Eight chunks keep
+// 7/8 of the logits' memory for one extra fp32 read and write of dw per chunk. Shorter chunks
+// starve the GEMMs: GPT-2 124M B=16 on an H200 trained at 570.5K tok/s with 2,048 rows per chunk,
+// 579.9K with 4,096 and 582.8K unchunked (tests/bench/kernels/results/
+// gpu-h200-gpt2-chunk-rows-2026-12-03.jsonl).
 inline constexpr std::size_t kClassifierChunkMinBytes = std::size_t{256} << 20;
 inline constexpr std::int64_t kClassifierChunks = 8;
+inline constexpr std::int64_t kClassifierChunkMinRows = 4096;
 std::int64_t auto_classifier_chunk_rows(std::int64_t rows, std::size_t logits_bytes);
 
 // --- static memory plan --------------------------------------------------------------------
