@@ -27,10 +27,12 @@ float fp8_format_max(Fp8Format format);         // 448, 57344
 
 constexpr int kFp8History = 16;
 
-struct Fp8Scaling {
+// 128-byte aligned, scale_inv first: cuBLASLt refuses (CUBLAS_STATUS_NOT_SUPPORTED) a scale
+// pointer that is not 16-byte aligned.
+struct alignas(128) Fp8Scaling {
+  float scale_inv;  // 1 / scale of the latest cast: the GEMM's A or B scale pointer
+  float reserved[3];
   float amax[kFp8History];  // max |x| of the casts of step s in slot s % kFp8History
-  float scale_inv;          // 1 / scale of the latest cast: the GEMM's A or B scale pointer
-  float reserved;
 };
 
 // out (n bytes) = fp8(x * scale) with the site's delayed scale (above); step: the arena's
