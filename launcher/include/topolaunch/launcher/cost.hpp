@@ -10,6 +10,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "topolaunch/jobspec/job_config.hpp"
@@ -68,6 +69,9 @@ struct NodeUsage {
   std::string gpu_energy_note;         // why not, when not
   std::optional<double> cpu_energy_j;  // the CPU packages (RAPL)
   std::string cpu_energy_note;
+  // Under Slurm, when this node's agent finished each step of its start ("config", "topology",
+  // "exchange", ..., "workers_started"; seconds since the epoch): where a launch's time goes.
+  std::vector<std::pair<std::string, double>> start_marks_unix_s;
 };
 
 // The job's cost, attributed.
