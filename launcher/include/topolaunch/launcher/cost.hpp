@@ -69,8 +69,9 @@ struct NodeUsage {
   std::string gpu_energy_note;         // why not, when not
   std::optional<double> cpu_energy_j;  // the CPU packages (RAPL)
   std::string cpu_energy_note;
-  // Under Slurm, when this node's agent finished each step of its start ("config", "topology",
-  // "exchange", ..., "workers_started"; seconds since the epoch): where a launch's time goes.
+  // Under Slurm, the first attempt only: when this node's agent finished each step of its start
+  // ("config", "topology", "exchange", ..., and "workers_started" once every worker was spawned;
+  // seconds since the epoch): where a launch's time goes.
   std::vector<std::pair<std::string, double>> start_marks_unix_s;
 };
 
