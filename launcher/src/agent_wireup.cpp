@@ -324,6 +324,10 @@ Result<AgentExchange> exchange_node_inputs(wireup::KvStore& store, const NodeDes
     }
     auto descriptions = store.get_many(keys, timeout);
     if (!descriptions) return descriptions.error();
+    // The TCP store's relays are the agents' own (connect_agents_tree): an agent that went on and
+    // ended (its workers done) took its relay with it while its subtree's reads were still under
+    // way ("get_many: connection closed by the store"). No agent leaves before all have read.
+    if (auto s = store.fence(timeout); !s) return s.error();
     for (std::size_t i = 0; i < wanted.size(); ++i) {
       const auto& bytes = (*descriptions)[i];
       const std::string text(reinterpret_cast<const char*>(bytes.data()), bytes.size());

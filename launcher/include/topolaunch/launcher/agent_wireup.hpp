@@ -85,7 +85,8 @@ Result<NodeDescription> describe_node(const topology::NodeInput& node,
                                       std::string_view relay_address);
 
 // The collective exchange over `store` (every agent calls it): an allgather of the records, then,
-// when the nodes are not all alike, one fence and a read of the descriptions this agent lacks.
+// when the nodes are not all alike, a fence, a read of the descriptions this agent lacks and a
+// fence that keeps every agent (and its relay) in the exchange until all have read.
 // Errors name the agent whose record or description is bad.
 Result<AgentExchange> exchange_node_inputs(wireup::KvStore& store, const NodeDescription& mine,
                                            wireup::milliseconds timeout);
