@@ -9,6 +9,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <exception>
@@ -57,16 +58,18 @@ void write_all(int fd, const char* data, std::size_t size) {
   }
 }
 
-// The child's report: 'O' (ok) or 'E', the exit code as one byte, then the message.
-[[noreturn]] void report_and_exit(int fd, const Status& status) {
+// The child's report: 'O' (ok) and a zero byte, then the output; or 'E', the exit code as one
+// byte, then the message.
+[[noreturn]] void report_and_exit(int fd, const Result<std::string>& result) {
   std::string frame;
-  if (status) {
+  if (result) {
     frame = "O";
     frame += '\0';
+    frame += *result;
   } else {
     frame = "E";
-    frame += static_cast<char>(status.error().exit_code & 0xff);
-    frame += std::string_view(status.error().message).substr(0, kMaxMessageBytes);
+    frame += static_cast<char>(result.error().exit_code & 0xff);
+    frame += std::string_view(result.error().message).substr(0, kMaxMessageBytes);
   }
   write_all(fd, frame.data(), frame.size());
   ::_exit(0);
@@ -86,7 +89,7 @@ bool become(const IsolationLimits& limits) {
   return *limits.uid == 0 || ::setuid(0) != 0;  // must not be able to get root back
 }
 
-[[noreturn]] void run_child(int fd, const std::function<Status()>& probe,
+[[noreturn]] void run_child(int fd, const std::function<Result<std::string>()>& parse,
                             const IsolationLimits& limits) {
   // The parent's handlers (slurmstepd's, a test framework's) must not run for the child's
   // crash: a crash ends the child, and the parent reads it from the exit status.
@@ -113,7 +116,7 @@ bool become(const IsolationLimits& limits) {
     report_and_exit(fd, make_error("cannot switch to the input owner's identity to parse it", 1));
   }
   try {
-    report_and_exit(fd, probe());
+    report_and_exit(fd, parse());
   } catch (const std::bad_alloc&) {
     report_and_exit(fd, make_error("the parser ran out of its memory limit"));
   } catch (const std::exception& e) {
@@ -130,8 +133,9 @@ std::string signal_name(int sig) {
 
 }  // namespace
 
-Status run_isolated(const std::function<Status()>& probe, const IsolationLimits& limits,
-                    const std::string& what) {
+Result<std::string> run_isolated_output(const std::function<Result<std::string>()>& parse,
+                                        const IsolationLimits& limits, const std::string& what,
+                                        std::size_t max_output_bytes) {
   int fds[2];
   if (::pipe2(fds, O_CLOEXEC) != 0) {
     return make_error(what + ": pipe: " + std::strerror(errno), 1);
@@ -145,11 +149,14 @@ Status run_isolated(const std::function<Status()>& probe, const IsolationLimits&
   }
   if (child == 0) {
     ::close(fds[0]);
-    run_child(fds[1], probe, limits);
+    run_child(fds[1], parse, limits);
   }
   ::close(fds[1]);
 
+  // The frame's two bytes, then the output or the message, whichever may be longer.
+  const std::size_t max_frame = 2 + std::max(kMaxMessageBytes, max_output_bytes);
   std::string frame;
+  bool too_long = false;
   bool timed_out = false;
   const auto deadline = std::chrono::steady_clock::now() + limits.wall;
   for (;;) {
@@ -166,14 +173,18 @@ Status run_isolated(const std::function<Status()>& probe, const IsolationLimits&
       timed_out = ready == 0;
       break;
     }
-    char buf[1024];
+    char buf[16384];
     const ssize_t n = ::read(fds[0], buf, sizeof(buf));
     if (n < 0 && errno == EINTR) continue;
     if (n <= 0) break;
-    if (frame.size() < kMaxMessageBytes + 2) frame.append(buf, static_cast<std::size_t>(n));
+    if (frame.size() + static_cast<std::size_t>(n) > max_frame) {
+      too_long = true;  // the child is stopped at once, not read to its end
+      break;
+    }
+    frame.append(buf, static_cast<std::size_t>(n));
   }
   ::close(fds[0]);
-  if (timed_out) ::kill(child, SIGKILL);
+  if (timed_out || too_long) ::kill(child, SIGKILL);
   int status = 0;
   pid_t reaped = -1;
   do {
@@ -184,6 +195,10 @@ Status run_isolated(const std::function<Status()>& probe, const IsolationLimits&
     return make_error(what + ": the parser took longer than " +
                       std::to_string(limits.wall.count()) + " ms on this input; it is refused");
   }
+  if (too_long) {  // an 'E' frame never is: the child cuts its message to kMaxMessageBytes
+    return make_error(what + ": the parser's result is larger than " +
+                      std::to_string(max_output_bytes) + " bytes; it is refused");
+  }
   if (reaped == child && WIFSIGNALED(status) && frame.empty()) {
     const int sig = WTERMSIG(status);
     if (sig == SIGXCPU || sig == SIGKILL) {
@@ -192,11 +207,23 @@ Status run_isolated(const std::function<Status()>& probe, const IsolationLimits&
     return make_error(what + ": the parser crashed on this input (" + signal_name(sig) +
                       "); it is refused");
   }
-  if (frame.size() >= 2 && frame[0] == 'O') return ok_status();
+  if (frame.size() >= 2 && frame[0] == 'O') return frame.substr(2);
   if (frame.size() >= 2 && frame[0] == 'E') {
-    return make_error(frame.substr(2), static_cast<unsigned char>(frame[1]));
+    return make_error(frame.substr(2, kMaxMessageBytes), static_cast<unsigned char>(frame[1]));
   }
   return make_error(what + ": the parser process ended without an answer", 1);
+}
+
+Status run_isolated(const std::function<Status()>& probe, const IsolationLimits& limits,
+                    const std::string& what) {
+  auto answered = run_isolated_output(
+      [&]() -> Result<std::string> {
+        if (Status s = probe(); !s) return s.error();
+        return std::string();
+      },
+      limits, what, 0);
+  if (!answered) return answered.error();
+  return ok_status();
 }
 
 }  // namespace topolaunch

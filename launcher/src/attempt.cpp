@@ -217,6 +217,7 @@ class AttemptRunner {
       ++running_;
     }
     report_.all_started_s = seconds_between(attempt_start, Clock::now());
+    if (running_ == static_cast<int>(workers_.size())) workers_started_unix_s_ = unix_now_s();
 
     supervise();
 
@@ -781,6 +782,12 @@ class AttemptRunner {
     n.gpus = allocated_gpus_;
     n.cores = static_cast<int>(job_.cpus_here.size());
     n.wall_s = wall_s;
+    // The agent's start led to the first attempt's workers; a restart's start is not one.
+    if (attempt_ == 0 && !job_.start_marks.empty()) {
+      n.start_marks_unix_s = job_.start_marks;
+      if (workers_started_unix_s_ > 0)
+        n.start_marks_unix_s.emplace_back("workers_started", workers_started_unix_s_);
+    }
     if (!job_.gpu_watch) {
       if (allocated_gpus_ > 0) n.gpu_energy_note = "GPU energy not measured: NVML not loaded";
     } else if (energy_devices_.empty()) {
@@ -862,6 +869,8 @@ class AttemptRunner {
   std::optional<RootCause> first_failure_;
   bool first_failure_is_consequence_ = false;  // first_failure_ exited kPeerFailed
   AttemptReport report_;
+  // When the last worker of this node was spawned; 0: not all of them were.
+  double workers_started_unix_s_ = 0;
   Clock::time_point last_memory_check_{};
   Clock::duration memory_check_interval_ = 200ms;
   bool gpu_error_said_ = false;

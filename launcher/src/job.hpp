@@ -55,7 +55,10 @@ struct Job {
   // What holds the workers and everything they start (containment.hpp); null: nothing beyond
   // process groups (tests that run an attempt alone).
   std::shared_ptr<const Containment> containment;
-  std::shared_ptr<MetricsServer> metrics;      // [observe] metrics_port; null: off
+  std::shared_ptr<MetricsServer> metrics;  // [observe] metrics_port; null: off
+  // An agent's start, step by step (NodeUsage::start_marks_unix_s); the attempt adds
+  // "workers_started".
+  std::vector<std::pair<std::string, double>> start_marks;
 };
 
 // The root cause's phase when an MPI program was started without an MPI launcher (its MPI_Init

@@ -292,15 +292,22 @@ StepFigures figures_from_json(const nlohmann::json& j) {
 }
 
 nlohmann::json node_json(const NodeUsage& n) {
-  return {{"attempt", n.attempt},
-          {"node", n.node},
-          {"gpus", n.gpus},
-          {"cores", n.cores},
-          {"wall_s", n.wall_s},
-          {"gpu_energy_j", n.gpu_energy_j},
-          {"gpu_energy_note", n.gpu_energy_note},
-          {"cpu_energy_j", optional_number(n.cpu_energy_j)},
-          {"cpu_energy_note", n.cpu_energy_note}};
+  nlohmann::json j = {{"attempt", n.attempt},
+                      {"node", n.node},
+                      {"gpus", n.gpus},
+                      {"cores", n.cores},
+                      {"wall_s", n.wall_s},
+                      {"gpu_energy_j", n.gpu_energy_j},
+                      {"gpu_energy_note", n.gpu_energy_note},
+                      {"cpu_energy_j", optional_number(n.cpu_energy_j)},
+                      {"cpu_energy_note", n.cpu_energy_note}};
+  if (!n.start_marks_unix_s.empty()) {
+    // [name, unix_s] pairs in the order the agent reached them (an object would sort them).
+    j["start_marks_unix_s"] = nlohmann::json::array();
+    for (const auto& [name, at] : n.start_marks_unix_s)
+      j["start_marks_unix_s"].push_back({name, at});
+  }
+  return j;
 }
 
 NodeUsage node_from_json(const nlohmann::json& j) {
@@ -317,6 +324,12 @@ NodeUsage node_from_json(const nlohmann::json& j) {
   if (j.contains("cpu_energy_j") && j["cpu_energy_j"].is_number())
     n.cpu_energy_j = j["cpu_energy_j"].get<double>();
   n.cpu_energy_note = j.value("cpu_energy_note", "");
+  if (j.contains("start_marks_unix_s") && j["start_marks_unix_s"].is_array()) {
+    for (const auto& m : j["start_marks_unix_s"]) {
+      if (m.is_array() && m.size() == 2 && m[0].is_string() && m[1].is_number())
+        n.start_marks_unix_s.emplace_back(m[0].get<std::string>(), m[1].get<double>());
+    }
+  }
   return n;
 }
 

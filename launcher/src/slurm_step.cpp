@@ -287,6 +287,7 @@ int run_slurm(Job& job, int nodes, int signal_fd) {
 }
 
 int run_agent(const AgentOptions& options) {
+  const double main_unix_s = unix_now_s();
   SignalScope signals;
   ::prctl(PR_SET_CHILD_SUBREAPER, 1);
   auto prepared = prepare_job(options.run, options.run_id);
@@ -295,11 +296,15 @@ int run_agent(const AgentOptions& options) {
     return prepared.error().exit_code;
   }
   Job& job = *prepared;
+  auto mark = [&](const char* phase) { job.start_marks.emplace_back(phase, unix_now_s()); };
+  job.start_marks.emplace_back("main", main_unix_s);
+  mark("config");
   auto fail = [&](const std::string& message) {
     std::fprintf(stderr, "topolaunch agent %s: %s\n", job.node_name.c_str(), message.c_str());
     return 2;
   };
   contain(job, "topolaunch agent " + job.node_name);
+  mark("contained");
   const auto node_id = env_int("SLURM_NODEID", 0);
   if (!node_id) return fail(node_id.error().message);
   const auto step_nodes = env_count("SLURM_STEP_NUM_NODES", "SLURM_NNODES");
@@ -317,6 +322,7 @@ int run_agent(const AgentOptions& options) {
   }
   auto node = local_node_input(options.run, job.config, job.node_name);
   if (!node) return fail(node.error().message);
+  mark("topology");
   // The agents' exchange goes through the [wireup].backend store (agent_wireup.hpp).
   auto backend =
       agent_backend(job.config.wireup.backend, current_environment(), wireup::compiled_backends());
@@ -345,6 +351,7 @@ int run_agent(const AgentOptions& options) {
                             store->backend(), store->size(), nodes));
   }
   const int agent_rank = store->rank();
+  mark("agents_connected");
   std::fprintf(stderr, "topolaunch agent %s: wireup: agents exchange through %s (agent %d of %d)\n",
                job.node_name.c_str(), std::string(store->backend()).c_str(), agent_rank, nodes);
   // Workers get the TCP store; the agent's PMI variables describe the agent, not them.
@@ -358,11 +365,14 @@ int run_agent(const AgentOptions& options) {
       fmt::format("{}:{}", advertised_host(), workers_listener->port());
   auto exchange = exchange_node_inputs(*store, *node, relay_address, job.config.wireup.timeout);
   if (!exchange) return fail(exchange.error().message);
+  mark("exchange");
   if (auto s = set_map(job, exchange->nodes, agent_rank == 0); !s) return fail(s.error().message);
+  mark("map");
   auto workers_relay = start_workers_relay(std::move(*workers_listener), job.map, *exchange,
                                            agent_rank, job.external_store_address, job.secret);
   if (!workers_relay) return fail(workers_relay.error().message);
   job.external_store_address = relay_address;  // this node's workers reach the store through it
+  mark("relay");
 
   JobReport fragment;
   fragment.job_name = job.config.job.name;
@@ -390,6 +400,7 @@ int run_agent(const AgentOptions& options) {
   }
   if (auto s = start_metrics_server(job); !s) return fail(s.error().message);
   open_gpu_watch(job);
+  mark("ready");
 
   std::optional<RootCause> cause;
   int stop_signal = 0;

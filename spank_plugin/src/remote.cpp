@@ -158,6 +158,7 @@ Result<topology::MappingSpec> mapping_spec(spank_t sp, const PluginState& s) {
 }
 
 Status plan_this_node(spank_t sp, PluginState& s, std::uint32_t job_id, std::uint32_t step_id) {
+  const auto began = std::chrono::steady_clock::now();
   auto step = step_info(sp, job_id, step_id);
   if (!step) return step.error();
   auto spec = mapping_spec(sp, s);
@@ -197,8 +198,11 @@ Status plan_this_node(spank_t sp, PluginState& s, std::uint32_t job_id, std::uin
   auto plan = plan_node(*step, *mine, others, *spec);
   if (!plan) return plan.error();
   for (const auto& note : plan->notes) log_info(fmt::format("{}: {}", step->node_name, note));
-  log_info(fmt::format("job {}.{} node {}: {} tasks mapped, topology from {}", job_id, step_id,
-                       step->node_name, plan->tasks.size(), (*mine)->sources.origin));
+  const auto took =
+      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - began);
+  log_info(fmt::format("job {}.{} node {}: {} tasks mapped in {:.1f} ms, topology from {}", job_id,
+                       step_id, step->node_name, plan->tasks.size(), took.count(),
+                       (*mine)->sources.origin));
   for (const auto& task : plan->tasks) {
     log_debug(fmt::format("task {} rank {}: cpus {} numa {}", task.local_task, task.rank.rank,
                           task.rank.cpus.to_list(), task.rank.numa));

@@ -143,6 +143,7 @@ class ScaleSuite(slurm_suite.Suite):
               "sbatch failed (%d): %s %s" % (proc.returncode, proc.stderr.strip(), out[-3000:]))
         self.check_run(backend, os.path.join(base, "job"), out)
         times = {"topolaunch": [], "peer": [], "peermpi": []}
+        starts_at = {}  # timed topolaunch launch -> its command's start (ns since the epoch)
         floor_ms = None
         for line in out.splitlines():
             words = line.split()
@@ -156,8 +157,11 @@ class ScaleSuite(slurm_suite.Suite):
                 check(started == self.ranks, "%s launch %d started %d of %d workers"
                       % (kind, i, started, self.ranks))
                 times[kind].append(round(ms, 1))
+                if kind == "topolaunch":
+                    starts_at[i] = t0
         ours, peer = times["topolaunch"], times["peer"]
         check(len(ours) == len(peer) == self.args.repeats, "launch timings missing: " + out[-2000:])
+        phases = self.agent_phases(base, starts_at)
         line = {"measurement": "all_workers_started_ms", "launcher": "topolaunch run",
                 "wireup": backend, "peer": "srun -N%d -n%d" % (len(self.nodes), self.ranks),
                 "ms": ours, "ms_median": statistics.median(ours), "peer_ms": peer,
@@ -174,6 +178,36 @@ class ScaleSuite(slurm_suite.Suite):
                          "ratio_same_mpi": round(statistics.median(ours) /
                                                  statistics.median(times["peermpi"]), 3)})
         self.record(line)
+        if phases:
+            self.record({"measurement": "agent_start_phases_ms", "launcher": "topolaunch run",
+                         "wireup": backend, "phases": phases,
+                         "note": "ms from the command to the last agent past each step "
+                                 "(first: the first agent), medians over the timed launches"})
+
+    @staticmethod
+    def agent_phases(base, starts_at):
+        """The agents' start marks (report.json, nodes[].start_marks_unix_s) of the timed
+        launches: per step, the median over launches of the ms from the command to the first
+        and to the last agent past it."""
+        per_phase = {}
+        for i, t0_ns in sorted(starts_at.items()):
+            try:
+                with open(os.path.join(base, "job-t%d" % i, "report.json")) as f:
+                    nodes = json.load(f)["attempts"][0]["nodes"]
+            except (OSError, ValueError, KeyError, IndexError):
+                continue
+            marks = {}
+            for node in nodes:
+                for name, at in node.get("start_marks_unix_s", []):
+                    marks.setdefault(name, []).append(at * 1e3 - t0_ns / 1e6)
+            for name, ms in marks.items():
+                per_phase.setdefault(name, []).append((min(ms), max(ms)))
+        order = ["main", "config", "contained", "topology", "agents_connected", "exchange", "map",
+                 "relay", "ready", "workers_started"]
+        names = sorted(per_phase, key=lambda n: order.index(n) if n in order else len(order))
+        return [{"step": n, "first_ms": round(statistics.median(a for a, _ in per_phase[n]), 1),
+                 "last_ms": round(statistics.median(b for _, b in per_phase[n]), 1)}
+                for n in names]
 
     def check_run(self, backend, job_dir, out):
         with open(os.path.join(job_dir, "report.json")) as f:

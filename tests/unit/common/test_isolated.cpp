@@ -84,3 +84,36 @@ TEST_CASE("run_isolated: an identity switch is skipped when there is nothing to 
     CHECK(s.ok());
   }
 }
+
+TEST_CASE("run_isolated_output: the child's result comes back whole, past one pipe buffer") {
+  const std::string big(200'000, 'x');  // larger than a pipe's 64 KiB: the parent reads as it comes
+  const auto out = run_isolated_output([&]() -> Result<std::string> { return big + "end"; }, {},
+                                       "node.xml", 1 << 20);
+  REQUIRE(out);
+  CHECK(*out == big + "end");
+}
+
+TEST_CASE("run_isolated_output: the parser's error comes back, not a result") {
+  const auto out = run_isolated_output(
+      []() -> Result<std::string> { return make_error("node.xml: not hwloc xml", 2); }, {},
+      "node.xml", 1 << 20);
+  REQUIRE_FALSE(out);
+  CHECK(out.error().message == "node.xml: not hwloc xml");
+  CHECK(out.error().exit_code == 2);
+}
+
+TEST_CASE("run_isolated_output: a result larger than its limit is refused, and the child stopped") {
+  const auto out = run_isolated_output(
+      []() -> Result<std::string> { return std::string(1 << 20, 'x'); }, {}, "node.xml", 4096);
+  REQUIRE_FALSE(out);
+  CHECK(out.error().message ==
+        "node.xml: the parser's result is larger than 4096 bytes; it is "
+        "refused");
+}
+
+TEST_CASE("run_isolated_output: a parser that crashes is refused as a crash") {
+  const auto out =
+      run_isolated_output([]() -> Result<std::string> { std::abort(); }, {}, "node.xml", 1 << 20);
+  REQUIRE_FALSE(out);
+  CHECK(out.error().message.find("crashed on this input (SIGABRT)") != std::string::npos);
+}

@@ -4,6 +4,7 @@
 #include <barrier>
 #include <map>
 #include <mutex>
+#include <set>
 #include <thread>
 
 #include "catch.hpp"
@@ -205,10 +206,21 @@ TEST_CASE("agents exchange records and each distinct topology once, sharing iden
     for (int a = 0; a < agents; ++a) {
       CHECK(x.nodes[a].name == "n" + std::to_string(a + 1));
       CHECK(x.relay_addresses[a] == "10.0.0." + std::to_string(a) + ":9");
-      CHECK(tt::to_json(*x.nodes[a].topology) == tt::to_json(*loaded.at(types[a])));
+      if (a == rank) {
+        CHECK(x.nodes[a].topology == loaded.at(types[a]));  // its own, names and all
+      } else {
+        // The others' descriptions: the hardware, without the hostname and the file's path.
+        tt::NodeTopology expected = *loaded.at(types[a]);
+        expected.hostname.clear();
+        expected.sources.origin.clear();
+        CHECK(*x.nodes[a].topology == expected);
+      }
     }
-    CHECK(x.nodes[0].topology == x.nodes[1].topology);  // one object per distinct description
-    CHECK(x.nodes[0].topology == x.nodes[4].topology);
+    // One object per distinct description: the H100 nodes other than this one share one.
+    std::set<const tt::NodeTopology*> h100s;
+    for (int a : {0, 1, 4, 5})
+      if (a != rank) h100s.insert(x.nodes[a].topology.get());
+    CHECK(h100s.size() == 1);
   }
   // Each agent read the 8 records and the 2 descriptions it lacked: far less than 8 topologies.
   const std::size_t one_topology = tt::to_json(*loaded.at("dgx-h100")).size();
@@ -226,12 +238,43 @@ TEST_CASE("identical nodes exchange records only, no descriptions and no second 
       TableStore store(table, rank);
       tt::NodeInput mine{"n" + std::to_string(rank), h100, {}};
       auto x = exchange_node_inputs(store, mine, "", std::chrono::seconds(5));
-      if (x && x->distinct_topologies == 1 && x->nodes[2].topology == h100) ++ok;
+      // Its own node keeps its topology; the others share one object, their description.
+      if (!x) return;
+      const auto& other = x->nodes[(rank + 1) % 3].topology;
+      if (x->distinct_topologies == 1 && x->nodes[rank].topology == h100 &&
+          other == x->nodes[(rank + 2) % 3].topology && *other != *h100 &&
+          other->gpus == h100->gpus)
+        ++ok;
     });
   }
   for (auto& t : threads) t.join();
   CHECK(ok == 3);
   CHECK(table.bytes_read < 3 * 3 * 400);  // three records of a few hundred bytes, each read 3x
+  for (const auto& [key, value] : table.values) CHECK(key.rfind("topo/", 0) != 0);
+}
+
+TEST_CASE(
+    "alike nodes read from files of their own, with their own hostnames, are one "
+    "description") {
+  // The plugin's topology_xml=DIR/%n.xml and live discovery name every node differently.
+  SharedTable table(4);
+  std::vector<std::thread> threads;
+  std::atomic<int> ok{0};
+  for (int rank = 0; rank < 4; ++rank) {
+    threads.emplace_back([&, rank] {
+      auto topology = std::make_shared<tt::NodeTopology>(*fixture("dgx-h100"));
+      topology->hostname = "n" + std::to_string(rank);
+      topology->sources.origin = "/site/topo/n" + std::to_string(rank) + ".xml";
+      TableStore store(table, rank);
+      tt::NodeInput mine{"n" + std::to_string(rank), topology, {}};
+      auto x = exchange_node_inputs(store, mine, "", std::chrono::seconds(5));
+      if (x && x->distinct_topologies == 1 && x->nodes[rank].topology == topology &&
+          x->nodes[(rank + 1) % 4].topology->hostname.empty())
+        ++ok;
+    });
+  }
+  for (auto& t : threads) t.join();
+  CHECK(ok == 4);
   for (const auto& [key, value] : table.values) CHECK(key.rfind("topo/", 0) != 0);
 }
 

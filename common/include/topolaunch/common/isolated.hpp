@@ -6,6 +6,8 @@
 // error message when the input was invalid) and then parses the same bytes itself. Parsing is a
 // deterministic function of the bytes, so input that the child survived cannot crash the parent,
 // and the parent keeps rich results (source positions, tables) without serialising them.
+// Where the result has a serialised form anyway (a node's topology as JSON), the child returns
+// it instead (run_isolated_output) and the parser runs once.
 #pragma once
 
 #include <sys/types.h>
@@ -39,5 +41,11 @@ struct IsolationLimits {
 // fork (stdio, iostreams, locale).
 Status run_isolated(const std::function<Status()>& probe, const IsolationLimits& limits,
                     const std::string& what);
+
+// As run_isolated, and the child's bytes come back: what `parse` returned, at most
+// `max_output_bytes` (more is an Error naming `what`, exit code 2).
+Result<std::string> run_isolated_output(const std::function<Result<std::string>()>& parse,
+                                        const IsolationLimits& limits, const std::string& what,
+                                        std::size_t max_output_bytes);
 
 }  // namespace topolaunch

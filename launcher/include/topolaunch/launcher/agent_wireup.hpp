@@ -64,17 +64,20 @@ Result<std::string> node_record(const topology::NodeInput& node, std::string_vie
                                 std::string_view relay_address);
 
 struct AgentExchange {
-  // By agent rank (the store's rank); nodes with one fingerprint share one NodeTopology object.
+  // By agent rank (the store's rank); this agent's node is its own NodeTopology, the others with
+  // one fingerprint share one object (their description: no hostname, no origin).
   std::vector<topology::NodeInput> nodes;
   std::vector<std::string> relay_addresses;  // each agent's workers' relay, by agent rank
   std::size_t distinct_topologies = 0;
 };
 
-// What this agent brings to the exchange: its topology's JSON (the expensive part, 1.2 ms for a
-// DGX H100 here), fingerprint and record.
+// What this agent brings to the exchange: its topology's description (the expensive part, 1.2 ms
+// for a DGX H100 here) as JSON, fingerprint and record. The description is the hardware without
+// what names this node (hostname, the file it was read from): alike nodes are one description.
 struct NodeDescription {
   topology::NodeInput node;
-  std::string topology_json;
+  std::shared_ptr<const topology::NodeTopology> described;  // node.topology, less its names
+  std::string topology_json;                                // of `described`
   std::string fingerprint;
   std::string record;
 };
@@ -82,7 +85,8 @@ Result<NodeDescription> describe_node(const topology::NodeInput& node,
                                       std::string_view relay_address);
 
 // The collective exchange over `store` (every agent calls it): an allgather of the records, then,
-// when the nodes are not all alike, one fence and a read of the descriptions this agent lacks.
+// when the nodes are not all alike, a fence, a read of the descriptions this agent lacks and a
+// fence that keeps every agent (and its relay) in the exchange until all have read.
 // Errors name the agent whose record or description is bad.
 Result<AgentExchange> exchange_node_inputs(wireup::KvStore& store, const NodeDescription& mine,
                                            wireup::milliseconds timeout);

@@ -10,6 +10,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "topolaunch/jobspec/job_config.hpp"
@@ -68,6 +69,10 @@ struct NodeUsage {
   std::string gpu_energy_note;         // why not, when not
   std::optional<double> cpu_energy_j;  // the CPU packages (RAPL)
   std::string cpu_energy_note;
+  // Under Slurm, the first attempt only: when this node's agent finished each step of its start
+  // ("config", "topology", "exchange", ..., and "workers_started" once every worker was spawned;
+  // seconds since the epoch): where a launch's time goes.
+  std::vector<std::pair<std::string, double>> start_marks_unix_s;
 };
 
 // The job's cost, attributed.
