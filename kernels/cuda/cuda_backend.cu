@@ -1830,40 +1830,56 @@ Fp8Report CudaExecutor::fp8_report() const {
   return r;
 }
 
+CudaExecutor::Fp8Operands CudaExecutor::fp8_operands(std::size_t index, const bf16* first,
+                                                     std::int64_t first_elements, const bf16* w,
+                                                     std::int64_t w_elements) {
+  const auto site = static_cast<std::size_t>(fp8_site_[index]);
+  auto* base = static_cast<std::byte*>(fp8_memory_);
+  Fp8Operands o;
+  o.first = reinterpret_cast<Fp8Scaling*>(base) + site;
+  o.weight = o.first + 1;
+  o.first_fp8 = base + fp8_operand_offset_;
+  o.weight_fp8 = base + fp8_second_offset_;
+  o.step = static_cast<const float*>(device_pointer(plan_.graph.scalars)) + kStep;
+  if (!capturing_ && !fp8_calibrated_[site]) {
+    fp8_calibrate(first, first_elements, o.first, o.step, stream_);
+    fp8_calibrate(w, w_elements, o.weight, o.step, stream_);
+    fp8_calibrated_[site] = 1;
+  }
+  return o;
+}
+
+std::string CudaExecutor::fp8_op_name(std::size_t index, const char* direction) const {
+  return "op " + std::to_string(index) + " '" + plan_.graph.ops[index].name + "' " + direction;
+}
+
+void CudaExecutor::fp8_refused(std::size_t index, const char* direction, int status) {
+  fp8_fallback_[index] = 1;
+  if (fp8_report_.first_fallback.empty())
+    fp8_report_.first_fallback =
+        fp8_op_name(index, direction) + ": cuBLASLt status " + std::to_string(status);
+}
+
 Status CudaExecutor::fp8_forward(std::size_t index, bf16* y, bf16* pre, const bf16* x,
                                  const bf16* w, const bf16* bias, std::int64_t N, std::int64_t C,
                                  std::int64_t OC, bool* done) {
   *done = false;
-  const auto site = static_cast<std::size_t>(fp8_site_[index]);
-  auto* sx = static_cast<Fp8Scaling*>(fp8_memory_) + site;
-  Fp8Scaling* sw = sx + 1;
-  auto* base = static_cast<std::byte*>(fp8_memory_);
-  void* x8 = base + fp8_operand_offset_;
-  void* w8 = base + fp8_second_offset_;
-  const float* step = static_cast<const float*>(device_pointer(plan_.graph.scalars)) + kStep;
-  if (!capturing_ && !fp8_calibrated_[site]) {
-    fp8_calibrate(x, N * C, sx, step, stream_);
-    fp8_calibrate(w, OC * C, sw, step, stream_);
-    fp8_calibrated_[site] = 1;
-  }
-  fp8_cast(x8, x, N * C, Fp8Format::e4m3, sx, step, stream_);
-  fp8_cast(w8, w, OC * C, Fp8Format::e4m3, sw, step, stream_);
-  const cublasStatus_t st = matmul_->matmul_forward_fp8(y, pre, x8, &sx->scale_inv, w8,
-                                                        &sw->scale_inv, bias, N, C, OC, stream_);
-  const std::string what =
-      "op " + std::to_string(index) + " '" + plan_.graph.ops[index].name + "' forward";
+  const Fp8Operands o = fp8_operands(index, x, N * C, w, OC * C);
+  fp8_cast(o.first_fp8, x, N * C, Fp8Format::e4m3, o.first, o.step, stream_);
+  fp8_cast(o.weight_fp8, w, OC * C, Fp8Format::e4m3, o.weight, o.step, stream_);
+  const cublasStatus_t st =
+      matmul_->matmul_forward_fp8(y, pre, o.first_fp8, &o.first->scale_inv, o.weight_fp8,
+                                  &o.weight->scale_inv, bias, N, C, OC, stream_);
   if (st == CUBLAS_STATUS_SUCCESS) {
     *done = true;
-  } else if (!capturing_) {  // the first (eager) use: this GEMM runs in bf16 from now on
-    fp8_fallback_[index] = 1;
-    if (fp8_report_.first_fallback.empty())
-      fp8_report_.first_fallback =
-          what + ": cuBLASLt status " + std::to_string(static_cast<int>(st));
-  } else {
-    return make_error("cuda backend: " + what + ": FP8 GEMM: cuBLASLt status " +
-                          std::to_string(static_cast<int>(st)),
-                      1);
+    return ok_status();
   }
+  if (capturing_)
+    return make_error("cuda backend: " + fp8_op_name(index, "forward") +
+                          ": FP8 GEMM: cuBLASLt status " + std::to_string(static_cast<int>(st)),
+                      1);
+  // the first (eager) use: this GEMM runs in bf16 from now on
+  fp8_refused(index, "forward", static_cast<int>(st));
   return ok_status();
 }
 
@@ -1872,11 +1888,9 @@ Status CudaExecutor::fp8_backward(std::size_t index, bf16* dx, const bf16* pre, 
                                   std::int64_t N, std::int64_t C, std::int64_t OC,
                                   bool overwrite_dx, bool* done) {
   *done = false;
-  const std::string what =
-      "op " + std::to_string(index) + " '" + plan_.graph.ops[index].name + "' backward";
   auto lt_error = [&](const char* part, cublasStatus_t st) {
-    return make_error("cuda backend: " + what + ": " + part + ": cuBLASLt status " +
-                          std::to_string(static_cast<int>(st)),
+    return make_error("cuda backend: " + fp8_op_name(index, "backward") + ": " + part +
+                          ": cuBLASLt status " + std::to_string(static_cast<int>(st)),
                       1);
   };
   // the weight gradient in bf16 first: it reads x, which dpre may overwrite (the DGELU case)
@@ -1884,29 +1898,16 @@ Status CudaExecutor::fp8_backward(std::size_t index, bf16* dx, const bf16* pre, 
   if (st != CUBLAS_STATUS_SUCCESS) return lt_error("weight gradient", st);
   *done = true;
   if (dx == nullptr) return ok_status();
-  const auto site = static_cast<std::size_t>(fp8_site_[index]);
-  auto* sdy = static_cast<Fp8Scaling*>(fp8_memory_) + site;
-  Fp8Scaling* swt = sdy + 1;
-  auto* base = static_cast<std::byte*>(fp8_memory_);
-  void* dy8 = base + fp8_operand_offset_;
-  void* wt8 = base + fp8_second_offset_;
-  const float* step = static_cast<const float*>(device_pointer(plan_.graph.scalars)) + kStep;
-  if (!capturing_ && !fp8_calibrated_[site]) {
-    fp8_calibrate(dy, N * OC, sdy, step, stream_);
-    fp8_calibrate(w, OC * C, swt, step, stream_);
-    fp8_calibrated_[site] = 1;
-  }
-  fp8_cast(dy8, dy, N * OC, Fp8Format::e5m2, sdy, step, stream_);
-  fp8_cast_transpose(wt8, w, OC, C, Fp8Format::e4m3, swt, step, stream_);
-  st = matmul_->matmul_backward_dx_fp8(dx, pre, dy8, &sdy->scale_inv, wt8, &swt->scale_inv, N, C,
-                                       OC, stream_, overwrite_dx);
+  const Fp8Operands o = fp8_operands(index, dy, N * OC, w, OC * C);
+  fp8_cast(o.first_fp8, dy, N * OC, Fp8Format::e5m2, o.first, o.step, stream_);
+  fp8_cast_transpose(o.weight_fp8, w, OC, C, Fp8Format::e4m3, o.weight, o.step, stream_);
+  st = matmul_->matmul_backward_dx_fp8(dx, pre, o.first_fp8, &o.first->scale_inv, o.weight_fp8,
+                                       &o.weight->scale_inv, N, C, OC, stream_, overwrite_dx);
   if (st == CUBLAS_STATUS_SUCCESS) return ok_status();
   if (capturing_) return lt_error("FP8 GEMM", st);
   // the first (eager) use: this op's dx runs in bf16 from now on (the dW above is done: only the
   // dx half here, not the whole bf16 op)
-  fp8_fallback_[index] = 1;
-  if (fp8_report_.first_fallback.empty())
-    fp8_report_.first_fallback = what + ": cuBLASLt status " + std::to_string(static_cast<int>(st));
+  fp8_refused(index, "backward", static_cast<int>(st));
   st = pre != nullptr ? matmul_->matmul_backward_dx_dgelu(dx, dy, pre, w, N, C, OC, stream_)
                       : matmul_->matmul_backward_dx(dx, dy, w, N, C, OC, stream_, overwrite_dx);
   if (st != CUBLAS_STATUS_SUCCESS) return lt_error("bf16 GEMM", st);

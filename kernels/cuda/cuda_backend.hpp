@@ -29,6 +29,8 @@
 
 namespace topolaunch::kernels::cuda {
 
+struct Fp8Scaling;  // fp8.cuh
+
 class Matmul;
 class CudnnAttention;
 
@@ -255,6 +257,21 @@ class CudaExecutor {
   // fp8: sites and scratch at init; the two GEMM ops through their FP8 casts (false in *done:
   // the op runs in bf16: not eligible, or cuBLASLt refused the FP8 call at its first use).
   Status init_fp8();
+  // Op `index`'s two cast sites and operand buffers (the first operand: x forward, dy backward;
+  // then the weight), and the step scalar; a site's first eager use calibrates its history.
+  struct Fp8Operands {
+    Fp8Scaling* first = nullptr;
+    Fp8Scaling* weight = nullptr;
+    void* first_fp8 = nullptr;
+    void* weight_fp8 = nullptr;
+    const float* step = nullptr;
+  };
+  Fp8Operands fp8_operands(std::size_t index, const __nv_bfloat16* first,
+                           std::int64_t first_elements, const __nv_bfloat16* w,
+                           std::int64_t w_elements);
+  std::string fp8_op_name(std::size_t index, const char* direction) const;
+  // cuBLASLt refused op `index`'s FP8 GEMM at its first use: bf16 from now on, reported.
+  void fp8_refused(std::size_t index, const char* direction, int status);
   Status fp8_forward(std::size_t index, __nv_bfloat16* y, __nv_bfloat16* pre,
                      const __nv_bfloat16* x, const __nv_bfloat16* w, const __nv_bfloat16* bias,
                      std::int64_t N, std::int64_t C, std::int64_t OC, bool* done);

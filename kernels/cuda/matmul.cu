@@ -539,25 +539,17 @@ cublasStatus_t Matmul::matmul_backward_dx_fp8(__nv_bfloat16* dx, const __nv_bflo
                                               std::int64_t N, std::int64_t C, std::int64_t OC,
                                               cudaStream_t stream, bool overwrite_dx) {
   if (pre != nullptr && C % 8 != 0) return CUBLAS_STATUS_INVALID_VALUE;
-  // dX' (C,N) (+)= Wt8'^T (C,OC) dY8' (OC,N): Wt (C,OC) row-major is Wt' (OC,C) column-major,
-  // taken transposed
-  Call c;
+  // dX' (C,N) (+)= Wt8'^T (C,OC) dY8' (OC,N): the bf16 dx layout, but with A = Wt (C,OC)
+  // row-major, which is Wt' (OC,C) column-major, taken transposed
+  Call c = dx_call(dx, nullptr, nullptr, N, C, OC, pre != nullptr || overwrite_dx ? 0.0f : 1.0f);
   c.trans_a = true;
-  c.m = C;
-  c.n = N;
-  c.k = OC;
   c.a = wt8;
   c.lda = OC;
   c.a_type = CUDA_R_8F_E4M3;
   c.a_scale = wt_scale_inv;
   c.b = dy8;
-  c.ldb = OC;
   c.b_type = CUDA_R_8F_E5M2;
   c.b_scale = dy_scale_inv;
-  c.d = dx;
-  c.ldd = C;
-  c.d_type = CUDA_R_16BF;
-  c.beta = pre != nullptr || overwrite_dx ? 0.0f : 1.0f;
   if (pre != nullptr) {
     c.epilogue = CUBLASLT_EPILOGUE_DGELU;
     c.aux = pre;
