@@ -150,7 +150,8 @@ std::string topology_fingerprint(std::string_view topology_json) {
 
 namespace {
 
-constexpr std::string_view kRecordVersion = "r1";
+constexpr std::string_view kRecordVersion = "r2";
+constexpr std::size_t kRecordFields = 10;
 
 template <class T>
 std::string joined_list(const std::vector<T>& items) {
@@ -177,7 +178,19 @@ std::vector<std::string_view> split(std::string_view text, char separator) {
 
 Result<std::string> node_record(const topology::NodeInput& node, std::string_view fingerprint,
                                 std::string_view relay_address) {
-  const std::string fields[] = {
+  // The GPUs' UUIDs travel here, not in the description, so that alike nodes share one.
+  std::vector<std::string> uuids;
+  bool any_uuid = false;
+  for (const topology::Gpu& gpu : node.topology->gpus) {
+    if (gpu.uuid.find(',') != std::string::npos) {
+      return make_error(fmt::format(
+          "node {}: GPU UUID '{}' cannot travel in the agents' exchange (it holds a comma)",
+          node.name, gpu.uuid));
+    }
+    any_uuid = any_uuid || !gpu.uuid.empty();
+    uuids.push_back(gpu.uuid);
+  }
+  const std::string fields[kRecordFields] = {
       std::string(kRecordVersion),
       node.name,
       std::string(fingerprint),
@@ -186,7 +199,8 @@ Result<std::string> node_record(const topology::NodeInput& node, std::string_vie
       joined_list(node.allocation.gpus),
       joined_list(node.allocation.gpu_uuids),
       std::to_string(static_cast<int>(node.allocation.cuda_naming)),
-      node.allocation.cpus ? node.allocation.cpus->to_list() : std::string("*")};
+      node.allocation.cpus ? node.allocation.cpus->to_list() : std::string("*"),
+      any_uuid ? joined_list(uuids) : std::string()};
   std::string out;
   for (const auto& field : fields) {
     if (field.find_first_of("\t\n") != std::string::npos) {
@@ -220,7 +234,8 @@ Result<NodeRecord> parse_node_record(std::span<const std::byte> bytes, int agent
     auto [end, ec] = std::from_chars(item.data(), item.data() + item.size(), out);
     return ec == std::errc() && end == item.data() + item.size() && out >= 0;
   };
-  if (fields.size() != 9 || fields[0] != kRecordVersion) return bad("not a record of this version");
+  if (fields.size() != kRecordFields || fields[0] != kRecordVersion)
+    return bad("not a record of this version");
   NodeRecord record;
   record.node.name = std::string(fields[1]);
   record.fingerprint = std::string(fields[2]);
@@ -248,6 +263,9 @@ Result<NodeRecord> parse_node_record(std::span<const std::byte> bytes, int agent
     if (!cpus) return bad("cpus");
     record.node.allocation.cpus = std::move(*cpus);
   }
+  if (!fields[9].empty()) {
+    for (auto item : split(fields[9], ',')) record.node.gpu_uuids.emplace_back(item);
+  }
   return record;
 }
 
@@ -265,9 +283,20 @@ Result<NodeDescription> describe_node(const topology::NodeInput& node,
   // With the names in, every node is its own description wherever each has its own file (the
   // plugin's topology_xml=DIR/%n.xml): 32 emulated nodes of three types were 32 descriptions, and
   // each agent fetched 31 x 15 KB through the relays and parsed them (16 ms of CPU per agent).
+  // On live nodes alike ones still differ in GPU UUIDs (the record carries them), port GIDs and
+  // the NUMA nodes' memory by a few MiB (kernel reservations); the rank map reads no GID and no
+  // memory size, so the description holds the hardware's shape: no GIDs, memory in whole GiB.
   auto described = std::make_shared<topology::NodeTopology>(*node.topology);
   described->hostname.clear();
   described->sources.origin.clear();
+  for (topology::Gpu& gpu : described->gpus) gpu.uuid.clear();
+  for (topology::Nic& nic : described->nics) {
+    for (topology::NicPort& port : nic.ports) port.gids.clear();
+  }
+  constexpr std::uint64_t kGiB = std::uint64_t{1} << 30;
+  for (topology::NumaNode& numa : described->numa_nodes) {
+    numa.memory_bytes = numa.memory_bytes / kGiB * kGiB;
+  }
   out.described = std::move(described);
   out.topology_json = topology::to_json(*out.described);
   out.fingerprint = topology_fingerprint(out.topology_json);

@@ -728,6 +728,20 @@ Status check_xml_text(const std::string& xml, const std::string& name) {
   return check_object_sets(xml, name);
 }
 
+// An xml import needs none of the plugins Debian's hwloc 2.9 dlopens at its first init: the
+// xml reader is built in (libxml2's is refused), and pci, OpenCL and GL discovery do not run on
+// an imported topology. Loading libxml2 with ICU, OpenCL, GL with X11 and pciaccess cost each
+// agent ~0.08 s of CPU (of ~0.41 s); on a 2-core host of emulated nodes that is the launch.
+// Called in the isolated child only, so that live discovery in the caller keeps hwloc_pci.
+void skip_hwloc_plugins() {
+  constexpr std::string_view kUnused = "hwloc_xml_libxml,hwloc_opencl,hwloc_gl,hwloc_pci";
+  std::string list(kUnused);
+  if (const char* given = std::getenv("HWLOC_PLUGINS_BLACKLIST"); given && *given) {
+    list = std::string(given) + "," + list;
+  }
+  ::setenv("HWLOC_PLUGINS_BLACKLIST", list.c_str(), 1);
+}
+
 }  // namespace
 
 void prefer_minimal_xml_importer() {
@@ -758,6 +772,7 @@ Result<NodeTopology> load_xml_buffer(const std::string& xml, const std::string& 
   // importing again here loaded hwloc's plugins again too, ~25% more CPU per load of a DGX H100.
   auto described = run_isolated_output(
       [&]() -> Result<std::string> {
+        skip_hwloc_plugins();
         detail::HwlocTopology topology;
         if (Status imported = import(topology); !imported) return imported.error();
         return to_json(detail::convert(topology.get(), options, name));

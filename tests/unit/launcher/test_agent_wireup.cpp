@@ -10,6 +10,7 @@
 #include "catch.hpp"
 #include "topolaunch/launcher/agent_wireup.hpp"
 #include "topolaunch/topology/discover.hpp"
+#include "topolaunch/topology/rankmap.hpp"
 #include "topolaunch/topology/serialize.hpp"
 
 using namespace topolaunch::launcher;
@@ -209,10 +210,15 @@ TEST_CASE("agents exchange records and each distinct topology once, sharing iden
       if (a == rank) {
         CHECK(x.nodes[a].topology == loaded.at(types[a]));  // its own, names and all
       } else {
-        // The others' descriptions: the hardware, without the hostname and the file's path.
+        // The others' descriptions: the hardware's shape, without the hostname, the file's path,
+        // GPU UUIDs and port GIDs, NUMA memory in whole GiB.
         tt::NodeTopology expected = *loaded.at(types[a]);
         expected.hostname.clear();
         expected.sources.origin.clear();
+        for (auto& gpu : expected.gpus) gpu.uuid.clear();
+        for (auto& nic : expected.nics)
+          for (auto& port : nic.ports) port.gids.clear();
+        for (auto& numa : expected.numa_nodes) numa.memory_bytes = numa.memory_bytes >> 30 << 30;
         CHECK(*x.nodes[a].topology == expected);
       }
     }
@@ -278,6 +284,70 @@ TEST_CASE(
   for (const auto& [key, value] : table.values) CHECK(key.rfind("topo/", 0) != 0);
 }
 
+TEST_CASE(
+    "alike live nodes that differ in GPU UUIDs, port GIDs and memory are one description, and "
+    "each node's ranks get that node's UUIDs") {
+  constexpr int agents = 4;
+  constexpr std::uint64_t kMiB = std::uint64_t{1} << 20;
+  auto uuid = [](int node, int gpu) {
+    return "GPU-" + std::to_string(node) + "0000000-0000-0000-0000-00000000000" +
+           std::to_string(gpu);
+  };
+  std::vector<std::shared_ptr<const tt::NodeTopology>> live;
+  for (int node = 0; node < agents; ++node) {
+    auto topology = std::make_shared<tt::NodeTopology>(*fixture("dgx-h100"));
+    for (auto& gpu : topology->gpus) gpu.uuid = uuid(node, gpu.index);
+    int ports = 0;
+    for (auto& nic : topology->nics)
+      for (auto& port : nic.ports) {
+        port.gids = {"fe80:0000:0000:0000:0000:0000:0000:000" + std::to_string(node)};
+        ++ports;
+      }
+    REQUIRE(ports > 0);  // the fixture has ports, so GIDs are part of what differs
+    for (auto& numa : topology->numa_nodes)
+      numa.memory_bytes =
+          (std::uint64_t{1} << 40) + static_cast<std::uint64_t>(node + 1) * 3 * kMiB;
+    live.push_back(std::move(topology));
+  }
+  SharedTable table(agents);
+  std::vector<topolaunch::Result<AgentExchange>> results(agents, topolaunch::make_error("not run"));
+  std::vector<std::thread> threads;
+  for (int rank = 0; rank < agents; ++rank) {
+    threads.emplace_back([&, rank] {
+      TableStore store(table, rank);
+      tt::NodeInput mine{"n" + std::to_string(rank), live[rank], {}};
+      // Slurm's gres.conf Flags=env_uuid: the job has GPUs 2 and 5 of each node, by UUID.
+      mine.allocation.all_gpus = false;
+      mine.allocation.gpu_uuids = {uuid(rank, 2), uuid(rank, 5)};
+      mine.allocation.cuda_naming = tt::CudaNaming::uuid;
+      results[rank] = exchange_node_inputs(store, mine, "", std::chrono::seconds(5));
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (const auto& [key, value] : table.values) CHECK(key.rfind("topo/", 0) != 0);
+  for (int rank = 0; rank < agents; ++rank) {
+    INFO("agent " << rank);
+    REQUIRE(results[rank].ok());
+    const AgentExchange& x = *results[rank];
+    CHECK(x.distinct_topologies == 1);
+    for (int node = 0; node < agents; ++node) {
+      if (node == rank) continue;
+      REQUIRE(x.nodes[node].gpu_uuids.size() == live[node]->gpus.size());
+      CHECK(x.nodes[node].gpu_uuids[3] == uuid(node, 3));
+    }
+    auto map = tt::compute_rank_map(x.nodes, tt::MappingSpec{});
+    REQUIRE(map.ok());
+    REQUIRE(map->ranks.size() == 2 * agents);
+    for (const auto& assigned : map->ranks) {
+      const int node = std::stoi(map->nodes[assigned.node].name.substr(1));
+      REQUIRE(assigned.gpus.size() == 1);
+      INFO("rank " << assigned.rank << " on n" << node);
+      CHECK((assigned.gpus[0] == 2 || assigned.gpus[0] == 5));
+      CHECK(assigned.env.at("CUDA_VISIBLE_DEVICES") == uuid(node, assigned.gpus[0]));
+    }
+  }
+}
+
 TEST_CASE("a node record carries the allocation through, and a bad record names its agent") {
   tt::NodeInput node;
   node.name = "gpu-node-17";
@@ -291,6 +361,15 @@ TEST_CASE("a node record carries the allocation through, and a bad record names 
   auto record = node_record(node, fingerprint, "10.1.2.3:40001");
   REQUIRE(record.ok());
   CHECK(record->size() < 120);  // against ~22 KB for the node's whole description
+  auto with_uuids = std::make_shared<tt::NodeTopology>(*node.topology);
+  for (auto& gpu : with_uuids->gpus) gpu.uuid = "GPU-" + std::to_string(gpu.index);
+  tt::NodeInput named = node;
+  named.topology = with_uuids;
+  auto named_record = node_record(named, fingerprint, "10.1.2.3:40001");
+  REQUIRE(named_record.ok());
+  CHECK(has(*named_record, "\tGPU-0,GPU-1,"));  // the UUIDs travel in bus order
+  for (auto& gpu : with_uuids->gpus) gpu.uuid = "GPU-a,b";
+  CHECK_FALSE(node_record(named, fingerprint, "").ok());
 
   // Through a one-agent exchange the record comes back as it went in.
   SharedTable table(1);

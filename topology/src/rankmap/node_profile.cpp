@@ -283,17 +283,25 @@ Result<std::vector<ResolvedNode>> resolve_nodes(const std::vector<NodeInput>& in
     const NodeTopology& topo = *input.topology;
     const NodeAllocation& alloc = input.allocation;
     const int n_gpu = static_cast<int>(topo.gpus.size());
+    if (!input.gpu_uuids.empty() && input.gpu_uuids.size() != topo.gpus.size()) {
+      return make_error(fmt::format("node {}: {} GPU UUIDs given for a topology of {} GPUs",
+                                    input.name, input.gpu_uuids.size(), n_gpu));
+    }
+    auto uuid_of = [&](std::size_t position) -> const std::string& {
+      return input.gpu_uuids.empty() ? topo.gpus[position].uuid : input.gpu_uuids[position];
+    };
     if (!alloc.gpu_uuids.empty()) {
       for (const std::string& uuid : alloc.gpu_uuids) {
-        auto it = std::find_if(topo.gpus.begin(), topo.gpus.end(),
-                               [&](const Gpu& gpu) { return gpu.uuid == uuid; });
-        if (it == topo.gpus.end()) {
+        std::size_t position = 0;
+        while (position < topo.gpus.size() && uuid_of(position) != uuid) ++position;
+        if (position == topo.gpus.size()) {
           return make_error(fmt::format(
               "node {}: allocated GPU {} is not in the topology (no GPU has that UUID; give a "
               "topology with NVML data or allocate by index)",
               input.name, uuid));
         }
-        node.gpus.push_back(it->index >= 0 ? it->index : static_cast<int>(it - topo.gpus.begin()));
+        const int index = topo.gpus[position].index;
+        node.gpus.push_back(index >= 0 ? index : static_cast<int>(position));
       }
     } else if (!alloc.all_gpus) {
       for (int g : alloc.gpus) {
@@ -314,7 +322,7 @@ Result<std::vector<ResolvedNode>> resolve_nodes(const std::vector<NodeInput>& in
                                     join_ints(node.gpus)));
     }
     for (std::size_t v = 0; v < node.gpus.size(); ++v) {
-      const Gpu& gpu = topo.gpus[node.gpus[v]];
+      const std::string& uuid = uuid_of(static_cast<std::size_t>(node.gpus[v]));
       switch (alloc.cuda_naming) {
         case CudaNaming::global_index:
           node.cuda_ids.push_back(std::to_string(node.gpus[v]));
@@ -323,7 +331,7 @@ Result<std::vector<ResolvedNode>> resolve_nodes(const std::vector<NodeInput>& in
           node.cuda_ids.push_back(std::to_string(v));
           break;
         case CudaNaming::uuid:
-          node.cuda_ids.push_back(gpu.uuid.empty() ? std::to_string(node.gpus[v]) : gpu.uuid);
+          node.cuda_ids.push_back(uuid.empty() ? std::to_string(node.gpus[v]) : uuid);
           break;
       }
     }

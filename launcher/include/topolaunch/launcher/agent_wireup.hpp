@@ -72,8 +72,9 @@ struct AgentExchange {
 };
 
 // What this agent brings to the exchange: its topology's description (the expensive part, 1.2 ms
-// for a DGX H100 here) as JSON, fingerprint and record. The description is the hardware without
-// what names this node (hostname, the file it was read from): alike nodes are one description.
+// for a DGX H100 here) as JSON, fingerprint and record. The description is the hardware's shape,
+// without what names this node (hostname, the file it was read from, GPU UUIDs, port GIDs) and
+// with NUMA memory in whole GiB: alike nodes are one description. The record carries the UUIDs.
 struct NodeDescription {
   topology::NodeInput node;
   std::shared_ptr<const topology::NodeTopology> described;  // node.topology, less its names

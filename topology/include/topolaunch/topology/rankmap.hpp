@@ -56,6 +56,9 @@ struct NodeInput {
   // distinct topology.
   std::shared_ptr<const NodeTopology> topology;
   NodeAllocation allocation;
+  // This node's GPU UUIDs in bus order, when `topology` is a shape shared by alike nodes and so
+  // carries none (the agents' exchange); empty: the topology's own.
+  std::vector<std::string> gpu_uuids = {};
 };
 
 struct RankAssignment {
