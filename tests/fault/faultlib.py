@@ -205,6 +205,11 @@ def worker_pids(marker, attempt=None, node=None):
     for pid, env in job_processes(marker).items():
         if "TOPOLAUNCH_RANK" not in env or program(pid) != "topolaunch-worker":
             continue
+        # A worker's own short-lived fork (an isolated parse, common/src/isolated.cpp) has the
+        # same program and environment: it is not a worker, and taking it made a worker's pid
+        # seem to change.
+        if program(parent(pid)) == "topolaunch-worker":
+            continue
         if attempt is not None and env.get("TOPOLAUNCH_ATTEMPT") != str(attempt):
             continue
         if node is not None and env.get("SLURMD_NODENAME") != node:
