@@ -730,8 +730,8 @@ Status check_xml_text(const std::string& xml, const std::string& name) {
 
 // An xml import needs none of the plugins Debian's hwloc 2.9 dlopens at its first init: the
 // xml reader is built in (libxml2's is refused), and pci, OpenCL and GL discovery do not run on
-// an imported topology. Loading libxml2 with ICU, OpenCL, GL with X11 and pciaccess cost each
-// agent ~0.08 s of CPU (of ~0.41 s); on a 2-core host of emulated nodes that is the launch.
+// an imported topology. Loading libxml2 with ICU, OpenCL, GL with X11 and pciaccess cost a
+// standalone agent ~10 ms of its ~28 ms of CPU; 32 emulated nodes pay it 32 times on 2 cores.
 // Called in the isolated child only, so that live discovery in the caller keeps hwloc_pci.
 void skip_hwloc_plugins() {
   constexpr std::string_view kUnused = "hwloc_xml_libxml,hwloc_opencl,hwloc_gl,hwloc_pci";

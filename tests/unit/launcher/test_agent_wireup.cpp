@@ -2,6 +2,7 @@
 // exchange of records and distinct topologies; the relay tree's shape.
 #include <atomic>
 #include <barrier>
+#include <functional>
 #include <map>
 #include <mutex>
 #include <set>
@@ -151,6 +152,24 @@ std::shared_ptr<const tt::NodeTopology> fixture(const char* type) {
   return std::make_shared<const tt::NodeTopology>(std::move(*topo));
 }
 
+// Every agent's exchange on its own thread over one table; `relay` gives each agent's address.
+std::vector<topolaunch::Result<AgentExchange>> exchange_all(
+    SharedTable& table, const std::vector<tt::NodeInput>& inputs,
+    const std::function<std::string(int)>& relay = [](int) { return std::string(); }) {
+  const int agents = static_cast<int>(inputs.size());
+  std::vector<topolaunch::Result<AgentExchange>> results(agents, topolaunch::make_error("not run"));
+  std::vector<std::thread> threads;
+  for (int rank = 0; rank < agents; ++rank) {
+    threads.emplace_back([&, rank] {
+      TableStore store(table, rank);
+      results[rank] =
+          exchange_node_inputs(store, inputs[rank], relay(rank), std::chrono::seconds(5));
+    });
+  }
+  for (auto& t : threads) t.join();
+  return results;
+}
+
 }  // namespace
 
 TEST_CASE("the relay tree has fan-out 16: parents, and subtrees that cover every agent once") {
@@ -184,20 +203,14 @@ TEST_CASE("agents exchange records and each distinct topology once, sharing iden
   const int agents = static_cast<int>(types.size());
   std::map<std::string, std::shared_ptr<const tt::NodeTopology>> loaded;
   for (const char* type : types) loaded.try_emplace(type, fixture(type));
-  SharedTable table(agents);
-  std::vector<topolaunch::Result<AgentExchange>> results(agents, topolaunch::make_error("not run"));
-  std::vector<std::thread> threads;
+  std::vector<tt::NodeInput> inputs(agents);
   for (int rank = 0; rank < agents; ++rank) {
-    threads.emplace_back([&, rank] {
-      TableStore store(table, rank);
-      tt::NodeInput mine;
-      mine.name = "n" + std::to_string(rank + 1);
-      mine.topology = loaded.at(types[rank]);
-      results[rank] = exchange_node_inputs(store, mine, "10.0.0." + std::to_string(rank) + ":9",
-                                           std::chrono::seconds(5));
-    });
+    inputs[rank].name = "n" + std::to_string(rank + 1);
+    inputs[rank].topology = loaded.at(types[rank]);
   }
-  for (auto& t : threads) t.join();
+  SharedTable table(agents);
+  const auto results =
+      exchange_all(table, inputs, [](int rank) { return "10.0.0." + std::to_string(rank) + ":9"; });
   for (int rank = 0; rank < agents; ++rank) {
     INFO("agent " << rank);
     REQUIRE(results[rank].ok());
@@ -309,21 +322,17 @@ TEST_CASE(
           (std::uint64_t{1} << 40) + static_cast<std::uint64_t>(node + 1) * 3 * kMiB;
     live.push_back(std::move(topology));
   }
-  SharedTable table(agents);
-  std::vector<topolaunch::Result<AgentExchange>> results(agents, topolaunch::make_error("not run"));
-  std::vector<std::thread> threads;
+  std::vector<tt::NodeInput> inputs;
   for (int rank = 0; rank < agents; ++rank) {
-    threads.emplace_back([&, rank] {
-      TableStore store(table, rank);
-      tt::NodeInput mine{"n" + std::to_string(rank), live[rank], {}};
-      // Slurm's gres.conf Flags=env_uuid: the job has GPUs 2 and 5 of each node, by UUID.
-      mine.allocation.all_gpus = false;
-      mine.allocation.gpu_uuids = {uuid(rank, 2), uuid(rank, 5)};
-      mine.allocation.cuda_naming = tt::CudaNaming::uuid;
-      results[rank] = exchange_node_inputs(store, mine, "", std::chrono::seconds(5));
-    });
+    tt::NodeInput mine{"n" + std::to_string(rank), live[rank], {}};
+    // Slurm's gres.conf Flags=env_uuid: the job has GPUs 2 and 5 of each node, by UUID.
+    mine.allocation.all_gpus = false;
+    mine.allocation.gpu_uuids = {uuid(rank, 2), uuid(rank, 5)};
+    mine.allocation.cuda_naming = tt::CudaNaming::uuid;
+    inputs.push_back(std::move(mine));
   }
-  for (auto& t : threads) t.join();
+  SharedTable table(agents);
+  const auto results = exchange_all(table, inputs);
   for (const auto& [key, value] : table.values) CHECK(key.rfind("topo/", 0) != 0);
   for (int rank = 0; rank < agents; ++rank) {
     INFO("agent " << rank);
