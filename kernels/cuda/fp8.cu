@@ -119,39 +119,90 @@ __global__ void __launch_bounds__(kThreads)
   if (threadIdx.x == 0) fold_amax(&s->amax[cur], amax);
 }
 
-// 32 x 32 tiles through shared memory, block (32, 8): reads along x's rows, writes along out's.
-template <__nv_fp8_interpretation_t Kind>
-__global__ void fp8_cast_transpose_kernel(std::uint8_t* out, const bf16* x, std::int64_t rows,
-                                          std::int64_t cols, Fp8Scaling* s, const float* step,
-                                          float fp8_max) {
-  __shared__ float tile[kWarp][kWarp + 1];
+// 64 x 64 tiles, 256 threads: a row of the tile is 16 threads of 4 bf16 (8-byte loads), so a
+// pass covers 16 rows, and each thread has its 4 rows' loads in flight before it writes (out and
+// x are distinct: __restrict__ lets the loads run ahead of the byte stores). out gets 4 bytes per
+// thread and row; the tile goes through shared memory to out_t, 4 rows' bytes per 4-byte store.
+// Vec: cols % 4 == 0, rows % 4 == 0 and the pointers aligned (else one element at a time).
+// Both: out written too (fp8_cast_dual); else out_t alone (fp8_cast_transpose).
+constexpr int kDualTile = 64;
+constexpr int kDualRowsPerPass = kThreads / (kDualTile / 4);  // 16
+constexpr int kDualPasses = kDualTile / kDualRowsPerPass;     // 4
+template <__nv_fp8_interpretation_t Kind, bool Vec, bool Both>
+__global__ void __launch_bounds__(kThreads)
+    fp8_cast_dual_kernel(std::uint8_t* __restrict__ out, std::uint8_t* __restrict__ out_t,
+                         const bf16* __restrict__ x, std::int64_t rows, std::int64_t cols,
+                         Fp8Scaling* s, const float* step, float fp8_max) {
+  __shared__ float tile[kDualTile][kDualTile + 1];
   int cur = 0;
   const float scale = begin_cast(s, step, fp8_max, &cur, blockIdx.x == 0 && blockIdx.y == 0);
-  const std::int64_t r0 = blockIdx.y * static_cast<std::int64_t>(kWarp);
-  const std::int64_t c0 = blockIdx.x * static_cast<std::int64_t>(kWarp);
+  const std::int64_t r0 = blockIdx.y * static_cast<std::int64_t>(kDualTile);
+  const std::int64_t c0 = blockIdx.x * static_cast<std::int64_t>(kDualTile);
+  const int lane4 = threadIdx.x % (kDualTile / 4), first_row = threadIdx.x / (kDualTile / 4);
+  const std::int64_t c = c0 + 4 * lane4;
+  float v[kDualPasses][4];
+#pragma unroll
+  for (int p = 0; p < kDualPasses; ++p) {
+    const std::int64_t r = r0 + first_row + p * kDualRowsPerPass;
+    if (Vec && r < rows && c < cols) {
+      const uint2 raw = *reinterpret_cast<const uint2*>(x + r * cols + c);
+      const __nv_bfloat162 lo = *reinterpret_cast<const __nv_bfloat162*>(&raw.x);
+      const __nv_bfloat162 hi = *reinterpret_cast<const __nv_bfloat162*>(&raw.y);
+      v[p][0] = __low2float(lo);
+      v[p][1] = __high2float(lo);
+      v[p][2] = __low2float(hi);
+      v[p][3] = __high2float(hi);
+    } else {
+#pragma unroll
+      for (int j = 0; j < 4; ++j)
+        v[p][j] = !Vec && r < rows && c + j < cols ? __bfloat162float(x[r * cols + c + j]) : 0.0f;
+    }
+  }
   float amax = 0;
-  for (int dy = threadIdx.y; dy < kWarp; dy += 8) {
-    const std::int64_t r = r0 + dy, c = c0 + threadIdx.x;
-    const float v = r < rows && c < cols ? __bfloat162float(x[r * cols + c]) : 0.0f;
-    tile[dy][threadIdx.x] = v;
-    amax = fmaxf(amax, fabsf(v));
+#pragma unroll
+  for (int p = 0; p < kDualPasses; ++p) {
+    const int tr = first_row + p * kDualRowsPerPass;
+    const std::int64_t r = r0 + tr;
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      tile[tr][4 * lane4 + j] = v[p][j];
+      amax = fmaxf(amax, fabsf(v[p][j]));
+    }
+    if (!Both || r >= rows) continue;
+    if (Vec) {
+      if (c < cols) {
+        const std::uint32_t lo = to_fp8x2<Kind>(v[p][0] * scale, v[p][1] * scale);
+        const std::uint32_t hi = to_fp8x2<Kind>(v[p][2] * scale, v[p][3] * scale);
+        *reinterpret_cast<std::uint32_t*>(out + r * cols + c) = lo | (hi << 16);
+      }
+    } else {
+#pragma unroll
+      for (int j = 0; j < 4; ++j)
+        if (c + j < cols) out[r * cols + c + j] = to_fp8<Kind>(v[p][j] * scale);
+    }
   }
   __syncthreads();
-  for (int dx = threadIdx.y; dx < kWarp; dx += 8) {
-    const std::int64_t c = c0 + dx, r = r0 + threadIdx.x;
-    if (c < cols && r < rows) out[c * rows + r] = to_fp8<Kind>(tile[threadIdx.x][dx] * scale);
+  // out_t's row c0 + oc is x's column: 64 bytes (rows r0..r0+63) per tile, 16 threads of 4
+#pragma unroll
+  for (int p = 0; p < kDualPasses; ++p) {
+    const int oc = first_row + p * kDualRowsPerPass;
+    const std::int64_t col = c0 + oc, r = r0 + 4 * lane4;
+    if (col >= cols) continue;
+    if (Vec) {
+      if (r < rows) {
+        const std::uint32_t lo =
+            to_fp8x2<Kind>(tile[4 * lane4][oc] * scale, tile[4 * lane4 + 1][oc] * scale);
+        const std::uint32_t hi =
+            to_fp8x2<Kind>(tile[4 * lane4 + 2][oc] * scale, tile[4 * lane4 + 3][oc] * scale);
+        *reinterpret_cast<std::uint32_t*>(out_t + col * rows + r) = lo | (hi << 16);
+      }
+    } else {
+      for (int i = 0; i < 4 && r + i < rows; ++i)
+        out_t[col * rows + r + i] = to_fp8<Kind>(tile[4 * lane4 + i][oc] * scale);
+    }
   }
-  // block_max indexes threads linearly
-  const int t = threadIdx.y * kWarp + threadIdx.x;
-  __shared__ float part[8];
-  amax = warp_max(amax);
-  if (t % kWarp == 0) part[t / kWarp] = amax;
-  __syncthreads();
-  if (t == 0) {
-    float m = 0;
-    for (int w = 0; w < 8; ++w) m = fmaxf(m, part[w]);
-    fold_amax(&s->amax[cur], m);
-  }
+  amax = block_max(amax);  // a one-dimensional block
+  if (threadIdx.x == 0) fold_amax(&s->amax[cur], amax);
 }
 
 __global__ void __launch_bounds__(kThreads)
@@ -201,19 +252,50 @@ void fp8_cast(void* out, const bf16* x, std::int64_t n, Fp8Format format, Fp8Sca
     cast_as<__NV_E5M2>(out, x, n, scaling, step, m, stream);
 }
 
+namespace {
+
+void cast_tiles(void* out, void* out_t, const bf16* x, std::int64_t rows, std::int64_t cols,
+                Fp8Format format, Fp8Scaling* scaling, const float* step, cudaStream_t stream) {
+  if (rows <= 0 || cols <= 0) return;
+  const dim3 grid(blocks_for(cols, kDualTile), blocks_for(rows, kDualTile));
+  const float m = fp8_format_max(format);
+  auto* o = static_cast<std::uint8_t*>(out);
+  auto* ot = static_cast<std::uint8_t*>(out_t);
+  const bool vec = cols % 4 == 0 && rows % 4 == 0 && reinterpret_cast<std::uintptr_t>(x) % 8 == 0 &&
+                   reinterpret_cast<std::uintptr_t>(out) % 4 == 0 &&
+                   reinterpret_cast<std::uintptr_t>(out_t) % 4 == 0;
+  auto launch = [&](auto kernel) {
+    kernel<<<grid, kThreads, 0, stream>>>(o, ot, x, rows, cols, scaling, step, m);
+  };
+  const bool both = out != nullptr;
+  if (format == Fp8Format::e4m3) {
+    if (vec)
+      both ? launch(fp8_cast_dual_kernel<__NV_E4M3, true, true>)
+           : launch(fp8_cast_dual_kernel<__NV_E4M3, true, false>);
+    else
+      both ? launch(fp8_cast_dual_kernel<__NV_E4M3, false, true>)
+           : launch(fp8_cast_dual_kernel<__NV_E4M3, false, false>);
+  } else {
+    if (vec)
+      both ? launch(fp8_cast_dual_kernel<__NV_E5M2, true, true>)
+           : launch(fp8_cast_dual_kernel<__NV_E5M2, true, false>);
+    else
+      both ? launch(fp8_cast_dual_kernel<__NV_E5M2, false, true>)
+           : launch(fp8_cast_dual_kernel<__NV_E5M2, false, false>);
+  }
+}
+
+}  // namespace
+
 void fp8_cast_transpose(void* out, const bf16* x, std::int64_t rows, std::int64_t cols,
                         Fp8Format format, Fp8Scaling* scaling, const float* step,
                         cudaStream_t stream) {
-  if (rows <= 0 || cols <= 0) return;
-  const dim3 grid(blocks_for(cols, kWarp), blocks_for(rows, kWarp)), block(kWarp, 8);
-  const float m = fp8_format_max(format);
-  auto* o = static_cast<std::uint8_t*>(out);
-  if (format == Fp8Format::e4m3)
-    fp8_cast_transpose_kernel<__NV_E4M3>
-        <<<grid, block, 0, stream>>>(o, x, rows, cols, scaling, step, m);
-  else
-    fp8_cast_transpose_kernel<__NV_E5M2>
-        <<<grid, block, 0, stream>>>(o, x, rows, cols, scaling, step, m);
+  cast_tiles(nullptr, out, x, rows, cols, format, scaling, step, stream);
+}
+
+void fp8_cast_dual(void* out, void* out_t, const bf16* x, std::int64_t rows, std::int64_t cols,
+                   Fp8Format format, Fp8Scaling* scaling, const float* step, cudaStream_t stream) {
+  cast_tiles(out, out_t, x, rows, cols, format, scaling, step, stream);
 }
 
 void fp8_calibrate(const bf16* x, std::int64_t n, Fp8Scaling* scaling, const float* step,

@@ -44,6 +44,11 @@ void fp8_cast(void* out, const __nv_bfloat16* x, std::int64_t n, Fp8Format forma
 void fp8_cast_transpose(void* out, const __nv_bfloat16* x, std::int64_t rows, std::int64_t cols,
                         Fp8Format format, Fp8Scaling* scaling, const float* step,
                         cudaStream_t stream);
+// Both at once from one read of x: out (rows, cols) and out_t (cols, rows), row-major, one scale
+// (the operands of a backward's dgrad and wgrad GEMMs: dy and dy^T, or x and x^T).
+void fp8_cast_dual(void* out, void* out_t, const __nv_bfloat16* x, std::int64_t rows,
+                   std::int64_t cols, Fp8Format format, Fp8Scaling* scaling, const float* step,
+                   cudaStream_t stream);
 // The first cast of a site (its history is empty): max |x| goes into the previous step's slot, so
 // that the cast right after scales by the tensor itself instead of by 1.
 void fp8_calibrate(const __nv_bfloat16* x, std::int64_t n, Fp8Scaling* scaling, const float* step,
