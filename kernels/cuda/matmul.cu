@@ -550,10 +550,38 @@ cublasStatus_t Matmul::matmul_backward_dx_fp8(__nv_bfloat16* dx, const __nv_bflo
   c.b = dy8;
   c.b_type = CUDA_R_8F_E5M2;
   c.b_scale = dy_scale_inv;
+  c.fast_accum = fp8_backward_fast_accum_;
   if (pre != nullptr) {
     c.epilogue = CUBLASLT_EPILOGUE_DGELU;
     c.aux = pre;
   }
+  return gemm(c, stream);
+}
+
+cublasStatus_t Matmul::matmul_backward_dw_fp8(float* dw, const void* xt8, const float* x_scale_inv,
+                                              const void* dyt8, const float* dy_scale_inv,
+                                              std::int64_t N, std::int64_t C, std::int64_t OC,
+                                              cudaStream_t stream) {
+  // dW' (C,OC) += Xt8'^T (C,N) DYt8' (N,OC): Xt8 (C,N) row-major is Xt8' (N,C) column-major,
+  // taken transposed; DYt8 (OC,N) row-major is DYt8' (N,OC) column-major, taken as it is
+  Call c;
+  c.trans_a = true;
+  c.m = C;
+  c.n = OC;
+  c.k = N;
+  c.a = xt8;
+  c.lda = N;
+  c.a_type = CUDA_R_8F_E4M3;
+  c.a_scale = x_scale_inv;
+  c.b = dyt8;
+  c.ldb = N;
+  c.b_type = CUDA_R_8F_E5M2;
+  c.b_scale = dy_scale_inv;
+  c.d = dw;
+  c.ldd = C;
+  c.d_type = CUDA_R_32F;
+  c.beta = 1.0f;
+  c.fast_accum = fp8_backward_fast_accum_;
   return gemm(c, stream);
 }
 

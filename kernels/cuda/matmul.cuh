@@ -165,6 +165,15 @@ class Matmul {
                                         const void* dy8, const float* dy_scale_inv, const void* wt8,
                                         const float* wt_scale_inv, std::int64_t N, std::int64_t C,
                                         std::int64_t OC, cudaStream_t stream, bool overwrite_dx);
+  // dw (OC,C) fp32 += dy (N,OC)^T @ x (N,C) from the transposed FP8 operands xt8 = x^T (C,N)
+  // E4M3 and dyt8 = dy^T (OC,N) E5M2, both row-major (the TN layout of cuBLASLt's FP8 kernels).
+  // No bias gradient: FP8 kernels have no BGRADB epilogue.
+  cublasStatus_t matmul_backward_dw_fp8(float* dw, const void* xt8, const float* x_scale_inv,
+                                        const void* dyt8, const float* dy_scale_inv, std::int64_t N,
+                                        std::int64_t C, std::int64_t OC, cudaStream_t stream);
+  // Fast accumulation for the backward FP8 GEMMs (off by default: gradients keep cuBLASLt's
+  // split accumulator, as the forward does not need to). Applies to keys first used after.
+  void set_fp8_backward_fast_accum(bool on) { fp8_backward_fast_accum_ = on; }
 
  private:
   struct Gemm;  // one cached descriptor set
@@ -226,6 +235,7 @@ class Matmul {
   float* bias_scratch_ = nullptr;  // 2 * kMaxFusedBiasOC: BGRADB output, timing sink
   bool autotune_ = true;
   FusedBiasGrad fused_bias_mode_ = FusedBiasGrad::measured;
+  bool fp8_backward_fast_accum_ = false;
   std::string error_;
 };
 
