@@ -1787,9 +1787,11 @@ Status CudaExecutor::init_fp8() {
   const Graph& g = plan_.graph;
   fp8_site_.assign(g.ops.size(), -1);
   fp8_fallback_.assign(g.ops.size(), 0);
+  fp8_chosen_.assign(g.ops.size(), kFp8Unmeasured);
+  fp8_dw_chosen_.assign(g.ops.size(), kFp8Unmeasured);
   if (!options_.fp8) return ok_status();
   int sites = 0;
-  std::size_t first_max = 0, second_max = 0;
+  std::size_t first_max = 0, second_max = 0, input_t_max = 0;
   for (std::size_t i = 0; i < g.ops.size(); ++i) {
     const Op& op = g.ops[i];
     const bool forward = op.kind == OpKind::matmul_forward;
@@ -1803,16 +1805,20 @@ Status CudaExecutor::init_fp8() {
       continue;
     }
     fp8_site_[i] = sites;
-    sites += 2;
+    sites += 3;  // x, w (forward) or dy, w^T, x^T (backward)
     first_max = std::max(first_max, static_cast<std::size_t>(N * (forward ? C : OC)));
     second_max = std::max(second_max, static_cast<std::size_t>(OC * C));
+    if (!forward) input_t_max = std::max(input_t_max, static_cast<std::size_t>(N * C));
     ++fp8_report_.gemm_ops;
   }
   if (sites == 0) return ok_status();
   fp8_calibrated_.assign(static_cast<std::size_t>(sites), 0);
   fp8_operand_offset_ = round_up_256(static_cast<std::size_t>(sites) * sizeof(Fp8Scaling));
   fp8_second_offset_ = fp8_operand_offset_ + round_up_256(first_max);
-  fp8_memory_bytes_ = fp8_second_offset_ + round_up_256(second_max);
+  // the wgrad's transposed operands: dy^T (no larger than the first operand's buffer) and x^T
+  fp8_first_t_offset_ = fp8_second_offset_ + round_up_256(second_max);
+  fp8_input_t_offset_ = fp8_first_t_offset_ + round_up_256(first_max);
+  fp8_memory_bytes_ = fp8_input_t_offset_ + round_up_256(input_t_max);
   TL_CUDA_TRY(cudaMalloc(&fp8_memory_, fp8_memory_bytes_),
               "cudaMalloc of the " + format_bytes(fp8_memory_bytes_) + " of fp8 operands");
   TL_CUDA_TRY(cudaMemsetAsync(fp8_memory_, 0, fp8_memory_bytes_, stream_), "fp8 memset");
@@ -1822,28 +1828,70 @@ Status CudaExecutor::init_fp8() {
 
 Fp8Report CudaExecutor::fp8_report() const {
   Fp8Report r = fp8_report_;
-  for (std::size_t i = 0; i < fp8_fallback_.size(); ++i)
-    if (fp8_fallback_[i] && fp8_site_[i] >= 0) {
+  for (std::size_t i = 0; i < fp8_fallback_.size(); ++i) {
+    if (fp8_site_[i] < 0) continue;
+    if (fp8_fallback_[i]) {
       --r.gemm_ops;
       ++r.fallback_ops;
+      continue;
     }
+    for (const std::uint8_t c : {fp8_chosen_[i], fp8_dw_chosen_[i]}) {
+      r.bf16_by_measurement += c == kBf16Chosen;
+      r.fp8_gemms += c == kFp8Chosen;
+    }
+  }
   return r;
+}
+
+double CudaExecutor::time_gemm_path_ms(const std::function<bool()>& fn) {
+  if (!fn() || cudaStreamSynchronize(stream_) != cudaSuccess) return -1;  // warm-up, tunes
+  cudaEvent_t a = nullptr, b = nullptr;
+  if (cudaEventCreate(&a) != cudaSuccess || cudaEventCreate(&b) != cudaSuccess) {
+    if (a != nullptr) cudaEventDestroy(a);
+    cudaGetLastError();
+    return -1;
+  }
+  constexpr int kReps = 5;
+  std::vector<float> ms;
+  for (int i = 0; i < kReps; ++i) {
+    cudaEventRecord(a, stream_);
+    const bool ok = fn();
+    cudaEventRecord(b, stream_);
+    float f = 0;
+    if (!ok || cudaEventSynchronize(b) != cudaSuccess ||
+        cudaEventElapsedTime(&f, a, b) != cudaSuccess)
+      break;
+    ms.push_back(f);
+  }
+  cudaEventDestroy(a);
+  cudaEventDestroy(b);
+  if (ms.size() < kReps) {
+    cudaGetLastError();
+    return -1;
+  }
+  std::sort(ms.begin(), ms.end());
+  return ms[ms.size() / 2];
 }
 
 CudaExecutor::Fp8Operands CudaExecutor::fp8_operands(std::size_t index, const bf16* first,
                                                      std::int64_t first_elements, const bf16* w,
-                                                     std::int64_t w_elements) {
+                                                     std::int64_t w_elements, const bf16* input,
+                                                     std::int64_t input_elements) {
   const auto site = static_cast<std::size_t>(fp8_site_[index]);
   auto* base = static_cast<std::byte*>(fp8_memory_);
   Fp8Operands o;
   o.first = reinterpret_cast<Fp8Scaling*>(base) + site;
   o.weight = o.first + 1;
+  o.input_t = o.first + 2;
   o.first_fp8 = base + fp8_operand_offset_;
   o.weight_fp8 = base + fp8_second_offset_;
+  o.first_t_fp8 = base + fp8_first_t_offset_;
+  o.input_t_fp8 = base + fp8_input_t_offset_;
   o.step = static_cast<const float*>(device_pointer(plan_.graph.scalars)) + kStep;
   if (!capturing_ && !fp8_calibrated_[site]) {
     fp8_calibrate(first, first_elements, o.first, o.step, stream_);
     fp8_calibrate(w, w_elements, o.weight, o.step, stream_);
+    if (input != nullptr) fp8_calibrate(input, input_elements, o.input_t, o.step, stream_);
     fp8_calibrated_[site] = 1;
   }
   return o;
@@ -1864,13 +1912,31 @@ Status CudaExecutor::fp8_forward(std::size_t index, bf16* y, bf16* pre, const bf
                                  const bf16* w, const bf16* bias, std::int64_t N, std::int64_t C,
                                  std::int64_t OC, bool* done) {
   *done = false;
-  const Fp8Operands o = fp8_operands(index, x, N * C, w, OC * C);
-  fp8_cast(o.first_fp8, x, N * C, Fp8Format::e4m3, o.first, o.step, stream_);
-  fp8_cast(o.weight_fp8, w, OC * C, Fp8Format::e4m3, o.weight, o.step, stream_);
-  const cublasStatus_t st =
-      matmul_->matmul_forward_fp8(y, pre, o.first_fp8, &o.first->scale_inv, o.weight_fp8,
-                                  &o.weight->scale_inv, bias, N, C, OC, stream_);
+  if (fp8_chosen_[index] == kBf16Chosen) return ok_status();
+  auto run_fp8 = [&] {
+    const Fp8Operands o = fp8_operands(index, x, N * C, w, OC * C);
+    fp8_cast(o.first_fp8, x, N * C, Fp8Format::e4m3, o.first, o.step, stream_);
+    fp8_cast(o.weight_fp8, w, OC * C, Fp8Format::e4m3, o.weight, o.step, stream_);
+    return matmul_->matmul_forward_fp8(y, pre, o.first_fp8, &o.first->scale_inv, o.weight_fp8,
+                                       &o.weight->scale_inv, bias, N, C, OC, stream_);
+  };
+  if (!capturing_ && fp8_chosen_[index] == kFp8Unmeasured &&
+      options_.fp8_choice == CudaExecutorOptions::Fp8Choice::measured) {
+    // y is overwritten by either path: both are timed in place, the chosen one runs last
+    const double fp8_ms = time_gemm_path_ms([&] { return run_fp8() == CUBLAS_STATUS_SUCCESS; });
+    const double bf16_ms = time_gemm_path_ms([&] {
+      return (pre != nullptr ? matmul_->matmul_forward_gelu(y, pre, x, w, bias, N, C, OC, stream_)
+                             : matmul_->matmul_forward(y, x, w, bias, N, C, OC, stream_)) ==
+             CUBLAS_STATUS_SUCCESS;
+    });
+    if (fp8_ms >= 0 && bf16_ms >= 0 && fp8_ms > bf16_ms * (1 - CudaExecutorOptions::kFp8MinGain)) {
+      fp8_chosen_[index] = kBf16Chosen;
+      return ok_status();  // the caller runs the bf16 GEMM
+    }
+  }
+  const cublasStatus_t st = run_fp8();
   if (st == CUBLAS_STATUS_SUCCESS) {
+    if (fp8_chosen_[index] == kFp8Unmeasured) fp8_chosen_[index] = kFp8Chosen;
     *done = true;
     return ok_status();
   }
@@ -1888,29 +1954,129 @@ Status CudaExecutor::fp8_backward(std::size_t index, bf16* dx, const bf16* pre, 
                                   std::int64_t N, std::int64_t C, std::int64_t OC,
                                   bool overwrite_dx, bool* done) {
   *done = false;
+  if (fp8_fallback_[index]) return ok_status();  // the whole op in bf16 (the caller)
   auto lt_error = [&](const char* part, cublasStatus_t st) {
     return make_error("cuda backend: " + fp8_op_name(index, "backward") + ": " + part +
                           ": cuBLASLt status " + std::to_string(static_cast<int>(st)),
                       1);
   };
-  // the weight gradient in bf16 first: it reads x, which dpre may overwrite (the DGELU case)
-  cublasStatus_t st = matmul_->matmul_backward_dw(dw, dbias, dy, x, N, C, OC, stream_);
-  if (st != CUBLAS_STATUS_SUCCESS) return lt_error("weight gradient", st);
-  *done = true;
-  if (dx == nullptr) return ok_status();
-  const Fp8Operands o = fp8_operands(index, dy, N * OC, w, OC * C);
-  fp8_cast(o.first_fp8, dy, N * OC, Fp8Format::e5m2, o.first, o.step, stream_);
-  fp8_cast_transpose(o.weight_fp8, w, OC, C, Fp8Format::e4m3, o.weight, o.step, stream_);
-  st = matmul_->matmul_backward_dx_fp8(dx, pre, o.first_fp8, &o.first->scale_inv, o.weight_fp8,
-                                       &o.weight->scale_inv, N, C, OC, stream_, overwrite_dx);
-  if (st == CUBLAS_STATUS_SUCCESS) return ok_status();
-  if (capturing_) return lt_error("FP8 GEMM", st);
-  // the first (eager) use: this op's dx runs in bf16 from now on (the dW above is done: only the
-  // dx half here, not the whole bf16 op)
+  // One variant of the op: dW, then dx (dpre may take x's memory), each in FP8 or bf16; dy's two
+  // FP8 casts come from one read when both GEMMs take FP8.
+  bool dw_done = false;  // the last run's dW went through (a refusal after it is in dx)
+  auto run = [&](bool dx8, bool dw8, bf16* dx_out, float* dw_out,
+                 float* dbias_out) -> cublasStatus_t {
+    dw_done = false;
+    if (!dx8 && !dw8) {
+      const cublasStatus_t st =
+          matmul_->matmul_backward_dw(dw_out, dbias_out, dy, x, N, C, OC, stream_);
+      dw_done = st == CUBLAS_STATUS_SUCCESS;
+      if (!dw_done || dx_out == nullptr) return st;
+      return pre != nullptr
+                 ? matmul_->matmul_backward_dx_dgelu(dx_out, dy, pre, w, N, C, OC, stream_)
+                 : matmul_->matmul_backward_dx(dx_out, dy, w, N, C, OC, stream_, overwrite_dx);
+    }
+    const Fp8Operands o = fp8_operands(index, dy, N * OC, w, OC * C, x, N * C);
+    dx8 = dx8 && dx_out != nullptr;
+    if (dx8 && dw8)
+      fp8_cast_dual(o.first_fp8, o.first_t_fp8, dy, N, OC, Fp8Format::e5m2, o.first, o.step,
+                    stream_);
+    else if (dx8)
+      fp8_cast(o.first_fp8, dy, N * OC, Fp8Format::e5m2, o.first, o.step, stream_);
+    else
+      fp8_cast_transpose(o.first_t_fp8, dy, N, OC, Fp8Format::e5m2, o.first, o.step, stream_);
+    cublasStatus_t st = CUBLAS_STATUS_SUCCESS;
+    if (dw8) {
+      fp8_cast_transpose(o.input_t_fp8, x, N, C, Fp8Format::e4m3, o.input_t, o.step, stream_);
+      st = matmul_->matmul_backward_dw_fp8(dw_out, o.input_t_fp8, &o.input_t->scale_inv,
+                                           o.first_t_fp8, &o.first->scale_inv, N, C, OC, stream_);
+      if (st == CUBLAS_STATUS_SUCCESS && dbias_out != nullptr)
+        bias_backward(dbias_out, dy, N, OC, stream_);  // FP8 GEMMs have no BGRADB epilogue
+    } else {
+      st = matmul_->matmul_backward_dw(dw_out, dbias_out, dy, x, N, C, OC, stream_);
+    }
+    if (st != CUBLAS_STATUS_SUCCESS) return st;
+    dw_done = true;
+    if (dx_out == nullptr) return st;
+    if (!dx8)
+      return pre != nullptr
+                 ? matmul_->matmul_backward_dx_dgelu(dx_out, dy, pre, w, N, C, OC, stream_)
+                 : matmul_->matmul_backward_dx(dx_out, dy, w, N, C, OC, stream_, overwrite_dx);
+    fp8_cast_transpose(o.weight_fp8, w, OC, C, Fp8Format::e4m3, o.weight, o.step, stream_);
+    return matmul_->matmul_backward_dx_fp8(dx_out, pre, o.first_fp8, &o.first->scale_inv,
+                                           o.weight_fp8, &o.weight->scale_inv, N, C, OC, stream_,
+                                           overwrite_dx);
+  };
+  const bool has_dx = dx != nullptr;
+  if (!capturing_ && fp8_dw_chosen_[index] == kFp8Unmeasured) {
+    if (options_.fp8_choice == CudaExecutorOptions::Fp8Choice::always) {
+      fp8_chosen_[index] = has_dx ? kFp8Chosen : kFp8Unmeasured;
+      fp8_dw_chosen_[index] = kFp8Chosen;
+    } else {
+      // every variant timed whole on copies of dx, dW and dbias (they may accumulate), freed at
+      // once (the steady state's memory does not grow); the fastest kept, each FP8 GEMM in it
+      // charged kFp8MinGain. Without memory for the copies: FP8 as configured.
+      const std::size_t dx_bytes = has_dx ? static_cast<std::size_t>(N * C) * sizeof(bf16) : 0;
+      const std::size_t dw_bytes = static_cast<std::size_t>(OC * C) * sizeof(float);
+      const std::size_t db_bytes = dbias != nullptr ? static_cast<std::size_t>(OC) * 4 : 0;
+      void* copy = nullptr;
+      if (cudaMalloc(&copy, dx_bytes + dw_bytes + db_bytes + 512) == cudaSuccess) {
+        auto* dw_c = static_cast<float*>(copy);
+        auto* db_c = dbias != nullptr ? dw_c + OC * C : nullptr;
+        auto* dx_c = has_dx ? reinterpret_cast<bf16*>(static_cast<std::byte*>(copy) +
+                                                      round_up_256(dw_bytes + db_bytes))
+                            : nullptr;
+        cudaMemcpyAsync(dw_c, dw, dw_bytes, cudaMemcpyDeviceToDevice, stream_);
+        if (db_c != nullptr)
+          cudaMemcpyAsync(db_c, dbias, db_bytes, cudaMemcpyDeviceToDevice, stream_);
+        if (dx_c != nullptr) cudaMemcpyAsync(dx_c, dx, dx_bytes, cudaMemcpyDeviceToDevice, stream_);
+        double best = -1;
+        bool best_dx8 = false, best_dw8 = false;
+        for (int v = 0; v < 4; ++v) {
+          const bool dx8 = (v & 1) != 0, dw8 = (v & 2) != 0;
+          if (dx8 && !has_dx) continue;
+          const double ms = time_gemm_path_ms(
+              [&] { return run(dx8, dw8, dx_c, dw_c, db_c) == CUBLAS_STATUS_SUCCESS; });
+          if (ms < 0) continue;
+          const double charged = ms * (1 + CudaExecutorOptions::kFp8MinGain * (dx8 + dw8));
+          if (best < 0 || charged < best) {
+            best = charged;
+            best_dx8 = dx8;
+            best_dw8 = dw8;
+          }
+        }
+        cudaStreamSynchronize(stream_);
+        cudaFree(copy);
+        if (best >= 0) {
+          fp8_chosen_[index] = !has_dx ? kFp8Unmeasured : best_dx8 ? kFp8Chosen : kBf16Chosen;
+          fp8_dw_chosen_[index] = best_dw8 ? kFp8Chosen : kBf16Chosen;
+        }
+      } else {
+        cudaGetLastError();
+      }
+      if (fp8_dw_chosen_[index] == kFp8Unmeasured) {  // not measured: FP8 as configured
+        fp8_chosen_[index] = has_dx ? kFp8Chosen : kFp8Unmeasured;
+        fp8_dw_chosen_[index] = kFp8Chosen;
+      }
+    }
+  }
+  const bool dx8 = fp8_chosen_[index] == kFp8Chosen, dw8 = fp8_dw_chosen_[index] == kFp8Chosen;
+  const cublasStatus_t st = run(dx8, dw8, dx, dw, dbias);
+  if (st == CUBLAS_STATUS_SUCCESS) {
+    *done = true;
+    return ok_status();
+  }
+  if (capturing_) return lt_error(dx8 || dw8 ? "FP8 GEMM" : "bf16 GEMM", st);
+  // the first (eager) use: cuBLASLt refused an FP8 GEMM; the whole op runs in bf16 from now on.
+  // A refused GEMM writes nothing: refused in dW, the caller runs the whole op; in dx (dW done),
+  // only dx runs here in bf16.
   fp8_refused(index, "backward", static_cast<int>(st));
-  st = pre != nullptr ? matmul_->matmul_backward_dx_dgelu(dx, dy, pre, w, N, C, OC, stream_)
-                      : matmul_->matmul_backward_dx(dx, dy, w, N, C, OC, stream_, overwrite_dx);
-  if (st != CUBLAS_STATUS_SUCCESS) return lt_error("bf16 GEMM", st);
+  fp8_chosen_[index] = fp8_dw_chosen_[index] = kFp8Unmeasured;
+  if (!dw_done) return ok_status();
+  const cublasStatus_t bst =
+      pre != nullptr ? matmul_->matmul_backward_dx_dgelu(dx, dy, pre, w, N, C, OC, stream_)
+                     : matmul_->matmul_backward_dx(dx, dy, w, N, C, OC, stream_, overwrite_dx);
+  if (bst != CUBLAS_STATUS_SUCCESS) return lt_error("bf16 GEMM", bst);
+  *done = true;
   return ok_status();
 }
 

@@ -16,6 +16,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <span>
@@ -112,18 +113,32 @@ struct CudaExecutorOptions {
   // op_by_op only: CUDA events around every op, read back with op_times_ms() (where the step's
   // time goes, by op).
   bool profile_ops = false;
-  // train.precision = "fp8": the forward GEMMs (E4M3 activations and weights) and the
-  // activation-gradient GEMMs (E5M2 gradients, E4M3 weights) of the transformer blocks run in FP8
-  // with delayed per-tensor scaling (fp8.cuh); the weight-gradient GEMMs, the classifier,
-  // attention and everything else stay as in bf16. A GEMM cuBLASLt has no FP8 kernel for runs in
-  // bf16 (fp8_report()).
+  // train.precision = "fp8": the GEMMs of the transformer blocks may run in FP8 with delayed
+  // per-tensor scaling (fp8.cuh): the forward (E4M3 activations and weights), the activation
+  // gradient (E5M2 gradients, E4M3 weights) and the weight gradient (E5M2 dy^T, E4M3 x^T, fp32
+  // accumulation into dW); the classifier, attention, the optimizer (fp32 master weights) and
+  // everything else stay as in bf16. A GEMM cuBLASLt has no FP8 kernel for runs in bf16
+  // (fp8_report()).
   bool fp8 = false;
+  // fp8: which of those GEMMs run in FP8. measured: at an op's first eager use its variants (a
+  // forward: FP8 or bf16; a backward: dx and dW each either way) are timed whole, casts
+  // included, and FP8 is kept only where it pays at least kFp8MinGain per FP8 GEMM (a cast is a
+  // pass over the operand: for a short K or a small GEMM, bf16 wins; cuBLASLt's FP8 kernels with
+  // the DGELU epilogue run at a third of bf16's speed). always: every one in FP8 (the numerics
+  // tests).
+  enum class Fp8Choice : std::uint8_t { measured, always };
+  Fp8Choice fp8_choice = Fp8Choice::measured;
+  static constexpr double kFp8MinGain = 0.02;
 };
 
 // What fp8 changed (CudaExecutor::fp8_report()).
 struct Fp8Report {
-  int gemm_ops = 0;               // matmul ops of the plan whose GEMMs run in FP8
-  int fallback_ops = 0;           // eligible ones cuBLASLt had no FP8 kernel for (bf16 instead)
+  int gemm_ops = 0;      // matmul ops of the plan whose GEMMs run in FP8
+  int fallback_ops = 0;  // eligible ones cuBLASLt had no FP8 kernel for (bf16 instead)
+  // known after the first step: of the eligible ops' FP8-capable GEMMs (a forward; a
+  // backward's dx and dW), how many run in FP8 and how many measured faster in bf16
+  int fp8_gemms = 0;
+  int bf16_by_measurement = 0;
   int bf16_ops = 0;               // not eligible (the classifier, shapes not multiples of 16)
   std::size_t scratch_bytes = 0;  // the casts' buffers and scaling state, outside the arena
   std::string first_fallback;     // the first refusal: op, direction, cuBLASLt status
@@ -259,16 +274,21 @@ class CudaExecutor {
   Status init_fp8();
   // Op `index`'s two cast sites and operand buffers (the first operand: x forward, dy backward;
   // then the weight), and the step scalar; a site's first eager use calibrates its history.
+  // A backward's wgrad in FP8 takes dy^T and x^T (third site: x^T's scaling).
   struct Fp8Operands {
     Fp8Scaling* first = nullptr;
     Fp8Scaling* weight = nullptr;
+    Fp8Scaling* input_t = nullptr;
     void* first_fp8 = nullptr;
     void* weight_fp8 = nullptr;
+    void* first_t_fp8 = nullptr;  // dy^T
+    void* input_t_fp8 = nullptr;  // x^T
     const float* step = nullptr;
   };
   Fp8Operands fp8_operands(std::size_t index, const __nv_bfloat16* first,
                            std::int64_t first_elements, const __nv_bfloat16* w,
-                           std::int64_t w_elements);
+                           std::int64_t w_elements, const __nv_bfloat16* input = nullptr,
+                           std::int64_t input_elements = 0);
   std::string fp8_op_name(std::size_t index, const char* direction) const;
   // cuBLASLt refused op `index`'s FP8 GEMM at its first use: bf16 from now on, reported.
   void fp8_refused(std::size_t index, const char* direction, int status);
@@ -331,8 +351,15 @@ class CudaExecutor {
   // scaling state and the cast operands' buffer (one op's operands at a time), one allocation.
   std::vector<int> fp8_site_;
   std::vector<std::uint8_t> fp8_fallback_, fp8_calibrated_;
+  // per op: its FP8-capable GEMMs' choices (forward, or a backward's dx; a backward's dW)
+  enum Fp8Chosen : std::uint8_t { kFp8Unmeasured, kFp8Chosen, kBf16Chosen };
+  std::vector<std::uint8_t> fp8_chosen_, fp8_dw_chosen_;
+  // Median ms of fn (a GEMM path enqueued on stream_; false: it failed) after a warm-up; < 0 when
+  // it failed.
+  double time_gemm_path_ms(const std::function<bool()>& fn);
   void* fp8_memory_ = nullptr;
-  std::size_t fp8_memory_bytes_ = 0, fp8_operand_offset_ = 0, fp8_second_offset_ = 0;
+  std::size_t fp8_memory_bytes_ = 0, fp8_operand_offset_ = 0, fp8_second_offset_ = 0,
+              fp8_first_t_offset_ = 0, fp8_input_t_offset_ = 0;
   Fp8Report fp8_report_;
   std::size_t range_begin_ = 0, range_end_ = 0;  // the range being enqueued
   std::vector<cudaEvent_t> bucket_ready_, bucket_done_;

@@ -17,8 +17,9 @@
 //      cudnn must be refused with a message naming what is missing and auto must choose own.
 //   6. fp8 (CudaExecutorOptions::fp8): the casts alone (E4M3 within its rounding of the source,
 //      the amax history and the inverse scale as fp8.cuh says, the transposed cast the same bytes
-//      as the cast of the transpose), then 10 steps with the blocks' GEMMs in FP8: every GEMM op
-//      eligible runs FP8 (none falls back), the losses within 5e-2 of bf16's and falling.
+//      as the cast of the transpose, the dual cast both of those), then 10 steps with every
+//      eligible GEMM of the blocks in FP8 (forward, dx, dW; Fp8Choice::always: none falls back)
+//      and 10 with the measured choice, the losses within 5e-2 of bf16's and falling.
 // With an output folder argument it also exports the init, the batch and the losses for the
 // PyTorch reference (tests/bench/kernels/gpt2_torch_reference.py).
 // Plain main (the GPU host has no Catch2 2.x): prints one line per check, exits with the number of
@@ -462,6 +463,24 @@ int main(int argc, char** argv) {
               hs[0].scale_inv, amax, worst_rel));
     check(copied && ht8 == htt8 && hs[1].scale_inv == hs[2].scale_inv,
           "fp8 transposed cast: the same bytes as the cast of the transposed tensor");
+    // both from one read: the tiled path (96 x 160, partial tiles) and the one-element path
+    // (3072 x 5: cols not a multiple of 4); the sites share the calibrated history, so the scale
+    bool dual_same = copied;
+    for (const std::int64_t dual_cols : {cols, std::int64_t{5}}) {
+      const std::int64_t dual_rows = n / dual_cols;
+      gpu::fp8_cast_dual(d8, dt8, dx, dual_rows, dual_cols, gpu::Fp8Format::e4m3, ds + 1, dstep,
+                         nullptr);
+      std::vector<std::uint8_t> o(n), ot(n);
+      dual_same = dual_same && cudaDeviceSynchronize() == cudaSuccess &&
+                  cudaMemcpy(o.data(), d8, n, cudaMemcpyDeviceToHost) == cudaSuccess &&
+                  cudaMemcpy(ot.data(), dt8, n, cudaMemcpyDeviceToHost) == cudaSuccess && o == h8;
+      for (std::int64_t r = 0; r < dual_rows && dual_same; ++r)
+        for (std::int64_t c2 = 0; c2 < dual_cols; ++c2)
+          dual_same = dual_same && ot[c2 * dual_rows + r] == h8[r * dual_cols + c2];
+    }
+    check(dual_same,
+          "fp8 dual cast (x and x^T from one read): the cast's bytes and their transpose, tiled "
+          "(96 x 160) and one element at a time (3072 x 5)");
     for (void* p : {static_cast<void*>(dx), static_cast<void*>(dxt), static_cast<void*>(d8),
                     static_cast<void*>(dt8), static_cast<void*>(dtt8), static_cast<void*>(ds),
                     static_cast<void*>(dstep)})
@@ -469,6 +488,7 @@ int main(int argc, char** argv) {
 
     gpu::CudaExecutorOptions fp8 = own;
     fp8.fp8 = true;
+    fp8.fp8_choice = gpu::CudaExecutorOptions::Fp8Choice::always;  // every eligible GEMM in FP8
     auto ex8 = must(gpu::CudaExecutor::create(gpu_plan, fp8), "create (fp8)");
     const auto fp8_losses = train_gpu(*ex8, tokens, targets, loss_scale, adamw);
     const gpu::Fp8Report r = ex8->fp8_report();
@@ -488,6 +508,32 @@ int main(int argc, char** argv) {
     check(worst8 <= 5e-2 && fp8_losses.back() < fp8_losses.front(),
           fmt("fp8: 10-step losses %.4f -> %.4f, vs bf16 worst relative %.2e <= 5e-2",
               fp8_losses.front(), fp8_losses.back(), worst8));
+    int capable = 0;  // FP8-capable GEMMs: an eligible forward; a backward's dx and dW
+    for (const auto& op : gpu_plan.graph.ops) {
+      if (op.name == "lm_head") continue;
+      capable += op.kind == tk::OpKind::matmul_forward;
+      if (op.kind == tk::OpKind::matmul_backward) capable += 1 + (op.outputs[0] != tk::kNoTensor);
+    }
+    check(r.fp8_gemms == capable && r.bf16_by_measurement == 0,
+          fmt("fp8 always: %d of %d FP8-capable GEMMs in FP8, %d chose bf16", r.fp8_gemms, capable,
+              r.bf16_by_measurement));
+
+    // measured (the default): each GEMM timed both ways at its first use, one choice each;
+    // training as well as always's
+    gpu::CudaExecutorOptions measured = fp8;
+    measured.fp8_choice = gpu::CudaExecutorOptions::Fp8Choice::measured;
+    auto exm = must(gpu::CudaExecutor::create(gpu_plan, measured), "create (fp8 measured)");
+    const auto measured_losses = train_gpu(*exm, tokens, targets, loss_scale, adamw);
+    const gpu::Fp8Report rm = exm->fp8_report();
+    double worstm = 0;
+    for (int i = 0; i < kSteps; ++i)
+      worstm = std::max(worstm, std::fabs(measured_losses[i] - graph_losses[i]) / graph_losses[i]);
+    check(rm.fp8_gemms + rm.bf16_by_measurement == capable && rm.fallback_ops == 0 &&
+              worstm <= 5e-2 && measured_losses.back() < measured_losses.front(),
+          fmt("fp8 measured: %d GEMMs in FP8 + %d faster in bf16 = %d capable; losses %.4f -> "
+              "%.4f, vs bf16 worst relative %.2e <= 5e-2",
+              rm.fp8_gemms, rm.bf16_by_measurement, capable, measured_losses.front(),
+              measured_losses.back(), worstm));
   }
 
   // ---- the optimizer alone: multi-tensor vs per-tensor AdamW, fixed-order norm ----

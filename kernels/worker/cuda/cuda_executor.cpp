@@ -322,7 +322,10 @@ class CudaTrainingExecutor final : public TrainingExecutor {
     if (!executor_->options().fp8) return s;
     // known after the first step: GEMMs cuBLASLt had no FP8 kernel for ran in bf16
     const Fp8Report r = executor_->fp8_report();
-    s += fmt(" (fp8: %d GEMM ops in FP8, %d fell back to bf16", r.gemm_ops, r.fallback_ops);
+    s +=
+        fmt(" (fp8: %d GEMM ops eligible, %d fell back to bf16; of their forward and dx GEMMs "
+            "%d in FP8, %d faster in bf16 by measurement",
+            r.gemm_ops, r.fallback_ops, r.fp8_gemms, r.bf16_by_measurement);
     if (!r.first_fallback.empty()) s += ", first: " + r.first_fallback;
     return s + ")";
   }

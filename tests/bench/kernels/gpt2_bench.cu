@@ -10,14 +10,15 @@
 // and the attention implementation in use (own | cudnn), with the timings an auto choice made.
 //
 // usage: gpt2_bench [config ...]  where config =
-//        B:mode[:budget_gib][:attention][:nogelu][:nochunk|:cROWS][:fp8][:model],
+//        B:mode[:budget_gib][:attention][:nogelu][:nochunk|:cROWS][:fp8|:fp8all][:model],
 //        mode = graph | op_by_op | profile (op by op with an event pair per op: the step by op
 //        kind with bytes, FLOPs and the H200's bounds, one "gpt2_op_profile" line), attention =
 //        auto (default) | own | cudnn, nogelu = the separate gelu kernels
 //        (CudaExecutorOptions::fuse_gelu off), nochunk = the whole logits at once
 //        (PlanOptions::classifier_chunk_rows 0), cROWS = ROWS rows of logits per chunk
 //        (default: automatic), fp8 = the blocks' GEMMs in FP8 (CudaExecutorOptions::fp8,
-//        train.precision = "fp8"), model = 124m (default) | 350m | 774m | 1558m |
+//        train.precision = "fp8": FP8 where measured faster), fp8all = every eligible GEMM in
+//        FP8 (Fp8Choice::always), model = 124m (default) | 350m | 774m | 1558m |
 //        llama1b;
 //        default configs 16:graph 64:graph 8:graph 8:op_by_op 64:graph:16 16:profile
 #include <cuda_runtime.h>
@@ -52,6 +53,7 @@ struct Config {
   gpu::AttentionImpl attention = gpu::AttentionImpl::auto_select;
   bool fuse_gelu = true;
   bool fp8 = false;
+  bool fp8_all = false;  // fp8all: every eligible GEMM in FP8 (Fp8Choice::always), not measured
   std::int64_t classifier_chunk_rows = -1;  // PlanOptions::classifier_chunk_rows
   std::string model = "124m";               // GPT-2 124m | 350m | 774m | 1558m, or llama1b
 };
@@ -82,6 +84,8 @@ Config parse(const std::string& s) {
         c.fuse_gelu = false;
       else if (f == "fp8")
         c.fp8 = true;
+      else if (f == "fp8all")
+        c.fp8 = c.fp8_all = true;
       else if (f == "nochunk")
         c.classifier_chunk_rows = 0;
       else if (f.size() > 1 && f[0] == 'c')
@@ -323,6 +327,7 @@ int run(const Config& cfg) {
   opt.attention = cfg.attention;
   opt.fuse_gelu = cfg.fuse_gelu;
   opt.fp8 = cfg.fp8;
+  if (cfg.fp8_all) opt.fp8_choice = gpu::CudaExecutorOptions::Fp8Choice::always;
   auto ex_r = gpu::CudaExecutor::create(*plan, opt);
   if (!ex_r) {
     std::printf("{\"bench\":\"gpt2_train\",\"batch\":%d,\"error\":\"%s\"}\n", cfg.batch,
@@ -413,7 +418,8 @@ int run(const Config& cfg) {
       "\"cudnn_workspace_outside_arena_bytes\":%zu,\"cudnn_backward_ops\":%d,"
       "\"cudnn_version\":\"%s\",\"reason\":\"%s\"},\"fuse_gelu\":%s,\"gelu_ops_fused\":%zu,"
       "\"classifier_chunk_rows\":%lld,\"precision\":\"%s\",\"fp8_gemm_ops\":%d,"
-      "\"fp8_fallback_ops\":%d,\"fp8_scratch_gib\":%.4f}\n",
+      "\"fp8_fallback_ops\":%d,\"fp8_gemms\":%d,\"fp8_bf16_by_measurement\":%d,"
+      "\"fp8_scratch_gib\":%.4f}\n",
       (cfg.model == "llama1b" ? std::string("llama-1b") : "gpt2-" + cfg.model).c_str(), cfg.batch,
       cfg.graph ? "graph" : (cfg.profile ? "profile_op_by_op" : "op_by_op"), cfg.budget_gib, med,
       p90, static_cast<double>(BT) / (med / 1e3), static_cast<double>(mp.arena_bytes) / kGiB,
@@ -426,8 +432,10 @@ int run(const Config& cfg) {
       ac.cudnn_workspace_planned ? "true" : "false", ex->memory().attention_workspace_bytes,
       ac.cudnn_backward_ops, ac.cudnn_version.c_str(), reason.c_str(),
       cfg.fuse_gelu ? "true" : "false", ex->gelu_ops_fused(),
-      static_cast<long long>(ex->plan().classifier_chunk_rows), cfg.fp8 ? "fp8" : "bf16",
-      ex->fp8_report().gemm_ops, ex->fp8_report().fallback_ops,
+      static_cast<long long>(ex->plan().classifier_chunk_rows),
+      cfg.fp8_all ? "fp8all" : (cfg.fp8 ? "fp8" : "bf16"), ex->fp8_report().gemm_ops,
+      ex->fp8_report().fallback_ops, ex->fp8_report().fp8_gemms,
+      ex->fp8_report().bf16_by_measurement,
       static_cast<double>(ex->fp8_report().scratch_bytes) / kGiB);
   std::fflush(stdout);
   if (cfg.profile && print_op_profile(*ex, cfg.batch) != 0) return 1;
