@@ -140,7 +140,7 @@ struct DataSpec {
 
 // [train] precision: "fp32" (the CPU backend), "bf16" (the CUDA backend: bf16 parameters and
 // activations, fp32 master weights and AdamW state), "fp8" (bf16 with the transformer blocks'
-// forward and activation-gradient GEMMs in FP8, E4M3/E5M2 with delayed per-tensor scaling).
+// GEMMs in FP8 where measured faster, E4M3/E5M2 with delayed per-tensor scaling).
 enum class TrainPrecision { fp32, bf16, fp8 };
 
 // [train] shard: what data-parallel ranks hold only their share of (ZeRO stages): "none",
