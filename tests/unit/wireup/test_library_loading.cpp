@@ -18,6 +18,7 @@ using Catch::Contains;
 using Catch::StartsWith;
 using testing::in_child_with;
 
+#if defined(TOPOLAUNCH_HAVE_PMIX) || defined(TOPOLAUNCH_HAVE_PMI2)
 namespace {
 
 // What connecting through `backend` says, as an error (there is no srun here to answer).
@@ -28,6 +29,7 @@ Result<std::string> connect_error(const char* backend) {
 }
 
 }  // namespace
+#endif
 
 #ifdef TOPOLAUNCH_HAVE_PMIX
 TEST_CASE("PMIx: $TOPOLAUNCH_PMIX_LIBRARY naming no file is an error naming the file and it") {
