@@ -12,6 +12,8 @@
 #include <fstream>
 #include <sstream>
 
+#include "topolaunch/common/shared_library.hpp"
+
 namespace topolaunch::launcher {
 
 namespace {
@@ -134,8 +136,7 @@ std::map<int, std::uint64_t> gpu_bytes_of_tree(const std::vector<GpuProcessMemor
 }
 
 std::string nvml_library_name() {
-  const char* name = std::getenv("TOPOLAUNCH_NVML_LIBRARY");
-  return name != nullptr && *name != '\0' ? name : "libnvidia-ml.so.1";
+  return library_path("TOPOLAUNCH_NVML_LIBRARY", "libnvidia-ml.so.1");
 }
 
 // The few NVML declarations used, as nvml.h (not installed on CPU hosts) spells them.

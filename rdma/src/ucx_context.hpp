@@ -1,13 +1,12 @@
 // RAII owners of UCX handles and the settings every rdma UCX user shares (private header).
 #pragma once
 
-#include <ucp/api/ucp.h>
-
 #include <chrono>
 #include <memory>
 #include <string>
 
 #include "topolaunch/common/result.hpp"
+#include "ucx_api.hpp"
 
 namespace topolaunch::rdma::detail {
 
@@ -19,15 +18,18 @@ struct UcxSettings {
 };
 
 struct ContextDeleter {
-  void operator()(ucp_context* c) const { ucp_cleanup(c); }
+  const UcxApi* ucx = nullptr;
+  void operator()(ucp_context* c) const { ucx->cleanup(c); }
 };
 struct WorkerDeleter {
-  void operator()(ucp_worker* w) const { ucp_worker_destroy(w); }
+  const UcxApi* ucx = nullptr;
+  void operator()(ucp_worker* w) const { ucx->worker_destroy(w); }
 };
 using ContextPtr = std::unique_ptr<ucp_context, ContextDeleter>;
 using WorkerPtr = std::unique_ptr<ucp_worker, WorkerDeleter>;
 
 struct UcxWorker {
+  const UcxApi* ucx = nullptr;  // ucx_api(), loaded
   ContextPtr context;
   WorkerPtr worker;
   std::string address;             // this worker's address blob
@@ -37,10 +39,12 @@ struct UcxWorker {
 // UCX 1.13's default UCX_ALLOC_PRIO with posix before sysv (see open_ucx_worker).
 inline constexpr const char* kPosixFirstAllocPrio = "md:posix,md:sysv,huge,thp,md:*,mmap,heap";
 
-// Creates context + worker in single-thread mode. Peer-failure endpoints over shared memory
+// Creates context + worker in single-thread mode; loads UCX first (ucx_api()), and a node
+// without it gets an error naming the library. Peer-failure endpoints over shared memory
 // need UCX_POSIX_ERROR_HANDLING=y in UCX 1.13 (rdma.md §1.3); set unless the user set it.
 Result<UcxWorker> open_ucx_worker(const UcxSettings& settings, const std::string& name);
 
+// ucs_status_string, or the number when UCX is not loaded.
 std::string status_text(ucs_status_t s);
 
 // "posix/memory" or "tcp/lo,tcp/eth0": the transports/devices of an endpoint's lanes, from

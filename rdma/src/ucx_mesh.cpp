@@ -15,17 +15,17 @@ void on_peer_error(void* arg, ucp_ep_h, ucs_status_t status) {
   static_cast<PeerState*>(arg)->failure = status;
 }
 
-void close_ep(ucp_worker_h worker, ucp_ep_h ep) {
+void close_ep(const UcxApi& ucx, ucp_worker_h worker, ucp_ep_h ep) {
   ucp_request_param_t param{};
   param.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
   param.flags = UCP_EP_CLOSE_FLAG_FORCE;  // peers may be dead: never wait for them
-  void* req = ucp_ep_close_nbx(ep, &param);
+  void* req = ucx.ep_close_nbx(ep, &param);
   if (req == nullptr || UCS_PTR_IS_ERR(req)) return;
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(2);
-  while (ucp_request_check_status(req) == UCS_INPROGRESS &&
+  while (ucx.request_check_status(req) == UCS_INPROGRESS &&
          std::chrono::steady_clock::now() < deadline)
-    ucp_worker_progress(worker);
-  ucp_request_free(req);
+    ucx.worker_progress(worker);
+  ucx.request_free(req);
 }
 
 }  // namespace
@@ -68,7 +68,7 @@ Result<std::unique_ptr<UcxMesh>> UcxMesh::connect(wireup::KvStore& store,
     ep_params.err_handler.cb = on_peer_error;
     ep_params.err_handler.arg = &mesh->peers_[peer];
     ucp_ep_h ep = nullptr;
-    if (ucs_status_t s = ucp_ep_create(mesh->worker(), &ep_params, &ep); s != UCS_OK)
+    if (ucs_status_t s = mesh->ucx().ep_create(mesh->worker(), &ep_params, &ep); s != UCS_OK)
       return make_error(
           fmt::format("ucx: cannot reach rank {} with UCX_TLS={}: {} (in peer-failure "
                       "mode shared memory needs UCX_POSIX_ERROR_HANDLING=y; tcp "
@@ -83,17 +83,17 @@ Result<std::unique_ptr<UcxMesh>> UcxMesh::connect(wireup::KvStore& store,
 
 UcxMesh::~UcxMesh() {
   for (auto& p : peers_)
-    if (p.ep) close_ep(worker(), p.ep);
+    if (p.ep) close_ep(*worker_.ucx, worker(), p.ep);
 }
 
 void* UcxMesh::send(int peer, const void* data, std::size_t bytes, std::uint64_t tag) {
   ucp_request_param_t param{};
-  return ucp_tag_send_nbx(peers_[peer].ep, data, bytes, tag, &param);
+  return ucx().tag_send_nbx(peers_[peer].ep, data, bytes, tag, &param);
 }
 
 void* UcxMesh::recv(int, void* data, std::size_t bytes, std::uint64_t tag) {
   ucp_request_param_t param{};
-  return ucp_tag_recv_nbx(worker(), data, bytes, tag, ~std::uint64_t{0}, &param);
+  return ucx().tag_recv_nbx(worker(), data, bytes, tag, ~std::uint64_t{0}, &param);
 }
 
 Status UcxMesh::wait_all(std::vector<Pending> pending, std::chrono::milliseconds timeout) {
@@ -110,12 +110,12 @@ Status UcxMesh::wait_all(std::vector<Pending> pending, std::chrono::milliseconds
     bool all_done = true;
     for (auto& p : pending) {
       if (!p.request) continue;
-      ucs_status_t s = ucp_request_check_status(p.request);
+      ucs_status_t s = ucx().request_check_status(p.request);
       if (s == UCS_INPROGRESS) {
         all_done = false;
         continue;
       }
-      ucp_request_free(p.request);
+      ucx().request_free(p.request);
       p.request = nullptr;
       if (s != UCS_OK) {
         error = fmt::format("{} with rank {} failed: {}", p.what, p.peer, status_text(s));
@@ -141,14 +141,14 @@ Status UcxMesh::wait_all(std::vector<Pending> pending, std::chrono::milliseconds
     }
     // Yield when idle: ranks often outnumber cores (CI has 2), and a spinning waiter would
     // starve the very peer it waits for.
-    if (ucp_worker_progress(worker()) == 0) sched_yield();
+    if (ucx().worker_progress(worker()) == 0) sched_yield();
   }
   for (auto& p : pending) {
     if (!p.request) continue;
-    ucp_request_cancel(worker(), p.request);
+    ucx().request_cancel(worker(), p.request);
     // A cancelled request completes on progress; free it without waiting for a dead peer.
-    ucp_worker_progress(worker());
-    ucp_request_free(p.request);
+    ucx().worker_progress(worker());
+    ucx().request_free(p.request);
   }
   if (!error.empty()) return make_error(fmt::format("{}: rank {}: {}", name_, rank_, error), 3);
   return ok_status();

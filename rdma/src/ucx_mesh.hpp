@@ -36,6 +36,7 @@ class UcxMesh {
   int world_size() const { return world_; }
   ucp_worker_h worker() const { return worker_.worker.get(); }
   ucp_context_h context() const { return worker_.context.get(); }
+  const UcxApi& ucx() const { return *worker_.ucx; }
   ucp_ep_h ep(int peer) const { return peers_[peer].ep; }
   std::uint64_t memory_types() const { return worker_.memory_types; }
   const std::string& name() const { return name_; }

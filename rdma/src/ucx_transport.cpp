@@ -33,24 +33,24 @@ void on_error(void* arg, ucp_ep_h, ucs_status_t status) {
 class UcxTransport final : public Transport {
  public:
   UcxTransport(int rank, detail::UcxWorker worker, std::string tls)
-      : rank_(rank), w_(std::move(worker)), tls_(std::move(tls)) {}
+      : rank_(rank), w_(std::move(worker)), ucx_(*w_.ucx), tls_(std::move(tls)) {}
 
   ~UcxTransport() override {
     for (auto& [rank, p] : peers_) {
       for (void* r : p->pending) {
-        ucp_request_cancel(w_.worker.get(), r);
-        ucp_request_free(r);
+        ucx_.request_cancel(w_.worker.get(), r);
+        ucx_.request_free(r);
       }
-      for (auto& [k, rkey] : p->rkeys) ucp_rkey_destroy(rkey);
+      for (auto& [k, rkey] : p->rkeys) ucx_.rkey_destroy(rkey);
       if (p->ep) {
         ucp_request_param_t param{};
         param.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
         param.flags = UCP_EP_CLOSE_FLAG_FORCE;
-        void* req = ucp_ep_close_nbx(p->ep, &param);
+        void* req = ucx_.ep_close_nbx(p->ep, &param);
         if (req && !UCS_PTR_IS_ERR(req)) {
-          while (ucp_request_check_status(req) == UCS_INPROGRESS)
-            ucp_worker_progress(w_.worker.get());
-          ucp_request_free(req);
+          while (ucx_.request_check_status(req) == UCS_INPROGRESS)
+            ucx_.worker_progress(w_.worker.get());
+          ucx_.request_free(req);
         }
       }
     }
@@ -74,7 +74,7 @@ class UcxTransport final : public Transport {
     params.err_mode = UCP_ERR_HANDLING_MODE_PEER;
     params.err_handler.cb = on_error;
     params.err_handler.arg = p.get();
-    if (ucs_status_t s = ucp_ep_create(w_.worker.get(), &params, &p->ep); s != UCS_OK)
+    if (ucs_status_t s = ucx_.ep_create(w_.worker.get(), &params, &p->ep); s != UCS_OK)
       return make_error(
           fmt::format("ucx: rank {} cannot reach rank {}: {}", rank_, peer, status_text(s)), 2);
     if (lanes_.empty()) lanes_ = detail::ep_lanes(p->ep);
@@ -95,16 +95,16 @@ class UcxTransport final : public Transport {
     params.length = bytes;
     params.memory_type = cuda ? UCS_MEMORY_TYPE_CUDA : UCS_MEMORY_TYPE_HOST;
     ucp_mem_h memh = nullptr;
-    if (ucs_status_t s = ucp_mem_map(w_.context.get(), &params, &memh); s != UCS_OK)
+    if (ucs_status_t s = ucx_.mem_map(w_.context.get(), &params, &memh); s != UCS_OK)
       return make_error(
           fmt::format("ucx: ucp_mem_map of {} bytes failed: {}", bytes, status_text(s)), 1);
     ucp_context_h ctx = w_.context.get();
-    std::shared_ptr<void> handle(memh,
-                                 [ctx](void* m) { ucp_mem_unmap(ctx, static_cast<ucp_mem_h>(m)); });
+    std::shared_ptr<void> handle(
+        memh, [ctx, ucx = &ucx_](void* m) { ucx->mem_unmap(ctx, static_cast<ucp_mem_h>(m)); });
     if (cuda) {
       ucp_mem_attr_t attr{};
       attr.field_mask = UCP_MEM_ATTR_FIELD_MEM_TYPE;
-      if (ucp_mem_query(memh, &attr) != UCS_OK || attr.mem_type != UCS_MEMORY_TYPE_CUDA)
+      if (ucx_.mem_query(memh, &attr) != UCS_OK || attr.mem_type != UCS_MEMORY_TYPE_CUDA)
         return make_error(
             "ucx: ucp_mem_map accepted GPU memory but mapped it as host memory; "
             "refusing (use verbs dma-buf)",
@@ -112,11 +112,11 @@ class UcxTransport final : public Transport {
     }
     void* packed = nullptr;
     std::size_t packed_len = 0;
-    if (ucs_status_t s = ucp_rkey_pack(ctx, memh, &packed, &packed_len); s != UCS_OK)
+    if (ucs_status_t s = ucx_.rkey_pack(ctx, memh, &packed, &packed_len); s != UCS_OK)
       return make_error("ucx: ucp_rkey_pack failed: " + status_text(s), 1);
     LocalMemory m{address, bytes, kind, std::string(static_cast<char*>(packed), packed_len),
                   handle};
-    ucp_rkey_buffer_release(packed);
+    ucx_.rkey_buffer_release(packed);
     return m;
   }
 
@@ -133,23 +133,23 @@ class UcxTransport final : public Transport {
     params.memory_type = UCS_MEMORY_TYPE_HOST;
     ucp_mem_h memh = nullptr;
     ucp_context_h ctx = w_.context.get();
-    if (ucs_status_t s = ucp_mem_map(ctx, &params, &memh); s != UCS_OK)
+    if (ucs_status_t s = ucx_.mem_map(ctx, &params, &memh); s != UCS_OK)
       return make_error(
           fmt::format("ucx: ucp_mem_map(ALLOCATE) of {} bytes failed: {}", bytes, status_text(s)),
           1);
-    std::shared_ptr<void> handle(memh,
-                                 [ctx](void* m) { ucp_mem_unmap(ctx, static_cast<ucp_mem_h>(m)); });
+    std::shared_ptr<void> handle(
+        memh, [ctx, ucx = &ucx_](void* m) { ucx->mem_unmap(ctx, static_cast<ucp_mem_h>(m)); });
     ucp_mem_attr_t attr{};
     attr.field_mask = UCP_MEM_ATTR_FIELD_ADDRESS | UCP_MEM_ATTR_FIELD_LENGTH;
-    if (ucs_status_t s = ucp_mem_query(memh, &attr); s != UCS_OK || attr.length < bytes)
+    if (ucs_status_t s = ucx_.mem_query(memh, &attr); s != UCS_OK || attr.length < bytes)
       return make_error("ucx: ucp_mem_query of allocated memory failed: " + status_text(s), 1);
     void* packed = nullptr;
     std::size_t packed_len = 0;
-    if (ucs_status_t s = ucp_rkey_pack(ctx, memh, &packed, &packed_len); s != UCS_OK)
+    if (ucs_status_t s = ucx_.rkey_pack(ctx, memh, &packed, &packed_len); s != UCS_OK)
       return make_error("ucx: ucp_rkey_pack failed: " + status_text(s), 1);
     LocalMemory m{attr.address, bytes, MemoryKind::host,
                   std::string(static_cast<char*>(packed), packed_len), handle};
-    ucp_rkey_buffer_release(packed);
+    ucx_.rkey_buffer_release(packed);
     return m;
   }
 
@@ -174,8 +174,8 @@ class UcxTransport final : public Transport {
       p.last_packed_key = remote.packed_key;
     }
     ucp_request_param_t param{};
-    void* req = ucp_put_nbx(p.ep, static_cast<char*>(local.address) + offset, bytes,
-                            remote.address + remote_offset, rkey, &param);
+    void* req = ucx_.put_nbx(p.ep, static_cast<char*>(local.address) + offset, bytes,
+                             remote.address + remote_offset, rkey, &param);
     if (UCS_PTR_IS_ERR(req))
       return make_error(
           fmt::format("ucx: put to rank {} failed: {}", peer, status_text(UCS_PTR_STATUS(req))), 3);
@@ -193,12 +193,12 @@ class UcxTransport final : public Transport {
     const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
     while (p.pending.size() >= limit) {
       for (std::size_t i = 0; i < p.pending.size();) {
-        ucs_status_t s = ucp_request_check_status(p.pending[i]);
+        ucs_status_t s = ucx_.request_check_status(p.pending[i]);
         if (s == UCS_INPROGRESS) {
           ++i;
           continue;
         }
-        ucp_request_free(p.pending[i]);
+        ucx_.request_free(p.pending[i]);
         p.pending.erase(p.pending.begin() + static_cast<long>(i));
         if (s != UCS_OK)
           return make_error(fmt::format("ucx: write to rank {} failed: {}", peer, status_text(s)),
@@ -210,7 +210,7 @@ class UcxTransport final : public Transport {
         return make_error(fmt::format("ucx: {} writes to rank {} not complete after 60 s",
                                       p.pending.size(), peer),
                           3);
-      ucp_worker_progress(w_.worker.get());
+      ucx_.worker_progress(w_.worker.get());
     }
     return ok_status();
   }
@@ -234,7 +234,8 @@ class UcxTransport final : public Transport {
     if (cached) return cached;
     if (p.failure != UCS_OK)
       return make_error(fmt::format("ucx: rank {} failed: {}", peer, status_text(p.failure)), 3);
-    if (ucs_status_t s = ucp_ep_rkey_unpack(p.ep, remote.packed_key.data(), &cached); s != UCS_OK) {
+    if (ucs_status_t s = ucx_.ep_rkey_unpack(p.ep, remote.packed_key.data(), &cached);
+        s != UCS_OK) {
       p.rkeys.erase(remote.packed_key);
       return make_error(
           fmt::format("ucx: memory key of rank {} unusable: {}", peer, status_text(s)), 2);
@@ -248,7 +249,7 @@ class UcxTransport final : public Transport {
       return make_error(fmt::format("ucx: rank {} is not connected", peer), 1);
     Peer& p = *it->second;
     ucp_request_param_t param{};
-    void* req = ucp_ep_flush_nbx(p.ep, &param);
+    void* req = ucx_.ep_flush_nbx(p.ep, &param);
     if (UCS_PTR_IS_ERR(req))
       return make_error(
           fmt::format("ucx: flush to rank {} failed: {}", peer, status_text(UCS_PTR_STATUS(req))),
@@ -258,12 +259,12 @@ class UcxTransport final : public Transport {
     std::string error;
     while (!p.pending.empty()) {
       for (std::size_t i = 0; i < p.pending.size();) {
-        ucs_status_t s = ucp_request_check_status(p.pending[i]);
+        ucs_status_t s = ucx_.request_check_status(p.pending[i]);
         if (s == UCS_INPROGRESS) {
           ++i;
           continue;
         }
-        ucp_request_free(p.pending[i]);
+        ucx_.request_free(p.pending[i]);
         p.pending.erase(p.pending.begin() + static_cast<long>(i));
         if (s != UCS_OK && error.empty()) error = status_text(s);
       }
@@ -276,12 +277,12 @@ class UcxTransport final : public Transport {
         error = fmt::format("no completion within {} ms", timeout.count());
         break;
       }
-      if (ucp_worker_progress(w_.worker.get()) == 0) sched_yield();
+      if (ucx_.worker_progress(w_.worker.get()) == 0) sched_yield();
     }
     if (!error.empty()) {
       for (void* r : p.pending) {
-        ucp_request_cancel(w_.worker.get(), r);
-        ucp_request_free(r);
+        ucx_.request_cancel(w_.worker.get(), r);
+        ucx_.request_free(r);
       }
       p.pending.clear();
       return make_error(
@@ -290,7 +291,7 @@ class UcxTransport final : public Transport {
     return ok_status();
   }
 
-  void progress() override { ucp_worker_progress(w_.worker.get()); }
+  void progress() override { ucx_.worker_progress(w_.worker.get()); }
 
   Status check_peer(int peer) override {
     auto it = peers_.find(peer);
@@ -303,6 +304,7 @@ class UcxTransport final : public Transport {
  private:
   int rank_;
   detail::UcxWorker w_;
+  const detail::UcxApi& ucx_;
   std::string tls_;
   std::string lanes_;  // of the first endpoint, for description()
   std::map<int, std::unique_ptr<Peer>> peers_;
@@ -312,6 +314,12 @@ class UcxTransport final : public Transport {
 
 Result<std::unique_ptr<Transport>> open_ucx_transport(int rank,
                                                       const UcxTransportOptions& options) {
+  // A node without UCX gets what a build without it says (ucx_absent.cpp), and why.
+  if (const auto& ucx = detail::ucx_api(); !ucx)
+    return make_error(fmt::format("rdma: UCX cannot be loaded on this node: {}; or use the verbs "
+                                  "transport (--transport verbs), or set rdma.preflight = \"off\"",
+                                  ucx.error().message),
+                      2);
   detail::UcxSettings s;
   s.transports = options.transports;
   s.net_devices = options.net_devices;

@@ -14,11 +14,10 @@
 
 #include "topolaunch/rdma/endpoint.hpp"
 #include "topolaunch/rdma/verbs_qp.hpp"
+#include "verbs_api.hpp"
 
 namespace topolaunch::rdma {
 namespace {
-
-const char* port_state_name(ibv_port_state s) { return ibv_port_state_str(s); }
 
 struct Peer {
   ibv_qp* qp = nullptr;
@@ -37,21 +36,31 @@ using CuGetHandle = int (*)(void*, unsigned long long, std::size_t, int, unsigne
 
 class VerbsTransport final : public Transport {
  public:
+  explicit VerbsTransport(const detail::VerbsApi& verbs) : verbs_(verbs) {}
   ~VerbsTransport() override {
     for (auto& [r, p] : peers_)
-      if (p.qp) ibv_destroy_qp(p.qp);
-    if (cq_) ibv_destroy_cq(cq_);
-    if (pd_) ibv_dealloc_pd(pd_);
-    if (ctx_) ibv_close_device(ctx_);
+      if (p.qp) verbs_.destroy_qp(p.qp);
+    if (cq_) verbs_.destroy_cq(cq_);
+    if (pd_) verbs_.dealloc_pd(pd_);
+    if (ctx_) verbs_.close_device(ctx_);
     if (cuda_) dlclose(cuda_);
   }
 
   static Result<std::unique_ptr<Transport>> open(int rank, const VerbsTransportOptions& o) {
-    auto t = std::make_unique<VerbsTransport>();
+    // A node without libibverbs gets what a build without it says (verbs_absent.cpp), and why.
+    const auto& loaded = detail::verbs_api();
+    if (!loaded)
+      return make_error(fmt::format("rdma: ibverbs cannot be loaded on this node: {}; or use the "
+                                    "UCX transport (--transport ucx), or set rdma.preflight = "
+                                    "\"off\"",
+                                    loaded.error().message),
+                        2);
+    const detail::VerbsApi& verbs = *loaded;
+    auto t = std::make_unique<VerbsTransport>(verbs);
     t->rank_ = rank;
     t->opts_ = o;
     int n = 0;
-    ibv_device** list = ibv_get_device_list(&n);
+    ibv_device** list = verbs.get_device_list(&n);
     if (!list)
       return make_error(
           fmt::format("verbs: no RDMA devices on this node ({}); NIC \"{}\" not found",
@@ -59,32 +68,33 @@ class VerbsTransport final : public Transport {
           2);
     std::string names;
     for (int i = 0; i < n; ++i) {
-      names += (names.empty() ? "" : ", ") + std::string(ibv_get_device_name(list[i]));
-      if (o.device == ibv_get_device_name(list[i])) t->ctx_ = ibv_open_device(list[i]);
+      names += (names.empty() ? "" : ", ") + std::string(verbs.get_device_name(list[i]));
+      if (o.device == verbs.get_device_name(list[i])) t->ctx_ = verbs.open_device(list[i]);
     }
-    ibv_free_device_list(list);
+    verbs.free_device_list(list);
     if (!t->ctx_)
       return make_error(
           fmt::format("verbs: NIC \"{}\" does not exist or cannot be opened (devices: {})",
                       o.device, names.empty() ? "none" : names),
           2);
     ibv_port_attr pa{};
-    if (ibv_query_port(t->ctx_, static_cast<std::uint8_t>(o.port), &pa) != 0)
+    if (detail::verbs_query_port(verbs, t->ctx_, static_cast<std::uint8_t>(o.port), &pa) != 0)
       return make_error(fmt::format("verbs: {} has no port {}", o.device, o.port), 2);
     if (pa.state != IBV_PORT_ACTIVE)
-      return make_error(fmt::format("verbs: {}:{} is {} (physical state {}), not ACTIVE: check the "
-                                    "link or choose another port",
-                                    o.device, o.port, port_state_name(pa.state), pa.phys_state),
-                        2);
+      return make_error(
+          fmt::format("verbs: {}:{} is {} (physical state {}), not ACTIVE: check the "
+                      "link or choose another port",
+                      o.device, o.port, verbs.port_state_str(pa.state), pa.phys_state),
+          2);
     t->port_attr_ = pa;
-    if (ibv_query_gid(t->ctx_, static_cast<std::uint8_t>(o.port), o.gid_index, &t->gid_) != 0)
+    if (verbs.query_gid(t->ctx_, static_cast<std::uint8_t>(o.port), o.gid_index, &t->gid_) != 0)
       return make_error(
           fmt::format("verbs: {}:{} has no GID index {}", o.device, o.port, o.gid_index), 2);
-    t->pd_ = ibv_alloc_pd(t->ctx_);
+    t->pd_ = verbs.alloc_pd(t->ctx_);
     if (!t->pd_)
       return make_error(
           fmt::format("verbs: ibv_alloc_pd on {}: {}", o.device, std::strerror(errno)), 1);
-    t->cq_ = ibv_create_cq(t->ctx_, 4 * kMaxOutstanding, nullptr, nullptr, 0);
+    t->cq_ = verbs.create_cq(t->ctx_, 4 * kMaxOutstanding, nullptr, nullptr, 0);
     if (!t->cq_)
       return make_error(
           fmt::format("verbs: ibv_create_cq on {}: {}", o.device, std::strerror(errno)), 1);
@@ -107,12 +117,12 @@ class VerbsTransport final : public Transport {
       init.cap.max_recv_wr = 1;
       init.cap.max_send_sge = 1;
       init.cap.max_recv_sge = 1;
-      p.qp = ibv_create_qp(pd_, &init);
+      p.qp = verbs_.create_qp(pd_, &init);
       if (!p.qp)
         return make_error(
             fmt::format("verbs: ibv_create_qp for rank {}: {}", peer, std::strerror(errno)), 1);
       auto t = qp_reset_to_init(static_cast<std::uint8_t>(opts_.port), kAccess);
-      if (ibv_modify_qp(p.qp, &t.attr, t.mask) != 0)
+      if (verbs_.modify_qp(p.qp, &t.attr, t.mask) != 0)
         return make_error(fmt::format("verbs: QP for rank {} RESET->INIT on {}:{}: {}", peer,
                                       opts_.device, opts_.port, std::strerror(errno)),
                           1);
@@ -138,12 +148,12 @@ class VerbsTransport final : public Transport {
     auto remote = parse_qp_info(blob, peer, "qp blob");
     if (!remote) return remote.error();
     auto rtr = qp_init_to_rtr(p.local, *remote);
-    if (ibv_modify_qp(p.qp, &rtr.attr, rtr.mask) != 0)
+    if (verbs_.modify_qp(p.qp, &rtr.attr, rtr.mask) != 0)
       return make_error(fmt::format("verbs: {}:{} cannot reach rank {} (QP INIT->RTR: {})",
                                     opts_.device, opts_.port, peer, std::strerror(errno)),
                         3);
     auto rts = qp_rtr_to_rts(p.local, QpTimeouts{opts_.qp_timeout});
-    if (ibv_modify_qp(p.qp, &rts.attr, rts.mask) != 0)
+    if (verbs_.modify_qp(p.qp, &rts.attr, rts.mask) != 0)
       return make_error(fmt::format("verbs: {}:{} QP to rank {} RTR->RTS: {}", opts_.device,
                                     opts_.port, peer, std::strerror(errno)),
                         3);
@@ -158,7 +168,7 @@ class VerbsTransport final : public Transport {
       if (!dmabuf) return dmabuf.error();
       mr = *dmabuf;
     } else {
-      mr = ibv_reg_mr(pd_, address, bytes, kAccess);
+      mr = verbs_.reg_mr(pd_, address, bytes, kAccess);
       if (!mr)
         return make_error(fmt::format("verbs: ibv_reg_mr of {} bytes on {}: {} (check ulimit -l)",
                                       bytes, opts_.device, std::strerror(errno)),
@@ -166,7 +176,8 @@ class VerbsTransport final : public Transport {
     }
     std::string key(4, '\0');
     std::memcpy(key.data(), &mr->rkey, 4);
-    std::shared_ptr<void> handle(mr, [](void* m) { ibv_dereg_mr(static_cast<ibv_mr*>(m)); });
+    std::shared_ptr<void> handle(
+        mr, [dereg = verbs_.dereg_mr](void* m) { dereg(static_cast<ibv_mr*>(m)); });
     return LocalMemory{address, bytes, kind, key, handle};
   }
 
@@ -309,15 +320,16 @@ class VerbsTransport final : public Transport {
       if (wc[i].status != IBV_WC_SUCCESS && it->second.failure.empty())
         it->second.failure =
             fmt::format("verbs: RDMA WRITE from rank {} to rank {} on {}:{} failed: {}", rank_,
-                        it->first, opts_.device, opts_.port, ibv_wc_status_str(wc[i].status));
+                        it->first, opts_.device, opts_.port, verbs_.wc_status_str(wc[i].status));
     }
   }
 
   Result<ibv_mr*> register_dmabuf(void* address, std::size_t bytes) {
     if (!cuda_) cuda_ = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
     auto get_handle =
-        cuda_ ? reinterpret_cast<CuGetHandle>(dlsym(cuda_, "cuMemGetHandleForAddressRange"))
-              : nullptr;
+        cuda_ && verbs_.reg_dmabuf_mr
+            ? reinterpret_cast<CuGetHandle>(dlsym(cuda_, "cuMemGetHandleForAddressRange"))
+            : nullptr;
     if (get_handle) {
       const std::size_t page = static_cast<std::size_t>(sysconf(_SC_PAGESIZE));
       const auto start = reinterpret_cast<std::uintptr_t>(address) & ~(page - 1);
@@ -327,8 +339,8 @@ class VerbsTransport final : public Transport {
       if (rc != 0) rc = get_handle(&fd, start, end - start, 1, 0);
       if (rc == 0 && fd >= 0) {
         ibv_mr* mr =
-            ibv_reg_dmabuf_mr(pd_, reinterpret_cast<std::uintptr_t>(address) - start, bytes,
-                              reinterpret_cast<std::uintptr_t>(address), fd, kAccess);
+            verbs_.reg_dmabuf_mr(pd_, reinterpret_cast<std::uintptr_t>(address) - start, bytes,
+                                 reinterpret_cast<std::uintptr_t>(address), fd, kAccess);
         const int err = errno;
         close(fd);
         if (mr) return mr;
@@ -339,7 +351,7 @@ class VerbsTransport final : public Transport {
       }
     }
     // peermem: the kernel module lets ibv_reg_mr pin GPU pages directly.
-    ibv_mr* mr = ibv_reg_mr(pd_, address, bytes, kAccess);
+    ibv_mr* mr = verbs_.reg_mr(pd_, address, bytes, kAccess);
     if (mr) return mr;
     return make_error(
         fmt::format("verbs: GPU memory cannot be registered on {} (no dma-buf support and no "
@@ -348,6 +360,7 @@ class VerbsTransport final : public Transport {
         2);
   }
 
+  const detail::VerbsApi& verbs_;
   int rank_ = 0;
   VerbsTransportOptions opts_;
   ibv_context* ctx_ = nullptr;

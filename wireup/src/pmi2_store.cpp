@@ -1,4 +1,5 @@
-// The PMI2 backend (srun --mpi=pmi2). Compiled only when libpmi2 was found at build time.
+// The PMI2 backend (srun --mpi=pmi2). Compiled only when libpmi2 was found at build time;
+// libpmi2 itself is dlopened when a store connects (pmi2_api.hpp).
 //
 // Limits and choices:
 //   - PMI2 values are short strings (PMI2_MAX_VALLEN 1024, keys PMI2_MAX_KEYLEN 64): values are
@@ -11,7 +12,7 @@
 #include "pmi2_codec.hpp"
 
 #ifdef TOPOLAUNCH_HAVE_PMI2
-#include <slurm/pmi2.h>
+#include "pmi2_api.hpp"
 
 namespace topolaunch::wireup::detail {
 namespace {
@@ -23,15 +24,20 @@ std::string pmi2_error(std::string_view what, int rc) {
 class Pmi2Store final : public KvStore {
  public:
   static Result<std::unique_ptr<KvStore>> connect() {
-    auto store = std::unique_ptr<Pmi2Store>(new Pmi2Store());
+    const auto& pmi2 = pmi2_api();
+    if (!pmi2) {
+      return make_error("wireup pmi2: " + pmi2.error().message +
+                        "; or use srun --mpi=pmix, or the tcp store (TOPOLAUNCH_WIREUP=tcp)");
+    }
+    auto store = std::unique_ptr<Pmi2Store>(new Pmi2Store(*pmi2));
     int spawned = 0, appnum = 0;
-    if (int rc = PMI2_Init(&spawned, &store->size_, &store->rank_, &appnum); rc != PMI2_SUCCESS) {
+    if (int rc = pmi2->init(&spawned, &store->size_, &store->rank_, &appnum); rc != PMI2_SUCCESS) {
       return make_error(pmi2_error("PMI2_Init", rc) +
                         " (is this process started by srun --mpi=pmi2?)");
     }
     store->initialized_ = true;
     char jobid[256] = {};
-    if (int rc = PMI2_Job_GetId(jobid, sizeof jobid); rc != PMI2_SUCCESS) {
+    if (int rc = pmi2->job_get_id(jobid, sizeof jobid); rc != PMI2_SUCCESS) {
       return make_error(pmi2_error("PMI2_Job_GetId", rc));
     }
     store->jobid_ = jobid;
@@ -39,7 +45,7 @@ class Pmi2Store final : public KvStore {
   }
 
   ~Pmi2Store() override {
-    if (initialized_) PMI2_Finalize();
+    if (initialized_) pmi2_.finalize();
   }
 
   int rank() const override { return rank_; }
@@ -51,7 +57,7 @@ class Pmi2Store final : public KvStore {
     auto entries = pmi2::split_value(key, value, PMI2_MAX_KEYLEN - 1, pmi2::kMaxValueChars);
     if (!entries) return entries.error();
     for (const auto& entry : *entries) {
-      if (int rc = PMI2_KVS_Put(entry.key.c_str(), entry.value.c_str()); rc != PMI2_SUCCESS) {
+      if (int rc = pmi2_.kvs_put(entry.key.c_str(), entry.value.c_str()); rc != PMI2_SUCCESS) {
         return make_error(pmi2_error("PMI2_KVS_Put('" + entry.key + "')", rc));
       }
     }
@@ -61,7 +67,7 @@ class Pmi2Store final : public KvStore {
   Status commit() override { return ok_status(); }
 
   Status fence(milliseconds) override {
-    if (int rc = PMI2_KVS_Fence(); rc != PMI2_SUCCESS)
+    if (int rc = pmi2_.kvs_fence(); rc != PMI2_SUCCESS)
       return make_error(pmi2_error("PMI2_KVS_Fence", rc));
     return ok_status();
   }
@@ -74,13 +80,13 @@ class Pmi2Store final : public KvStore {
   }
 
  private:
-  Pmi2Store() = default;
+  explicit Pmi2Store(const Pmi2Api& pmi2) : pmi2_(pmi2) {}
 
   Result<std::string> get_text(const std::string& key) {
     char value[PMI2_MAX_VALLEN + 1] = {};
     int length = 0;
     int rc =
-        PMI2_KVS_Get(jobid_.c_str(), PMI2_ID_NULL, key.c_str(), value, sizeof value - 1, &length);
+        pmi2_.kvs_get(jobid_.c_str(), PMI2_ID_NULL, key.c_str(), value, sizeof value - 1, &length);
     if (rc != PMI2_SUCCESS) {
       return make_error(pmi2_error("PMI2_KVS_Get('" + key + "')", rc) +
                         " (was it put, and did every rank fence since?)");
@@ -88,6 +94,7 @@ class Pmi2Store final : public KvStore {
     return std::string(value);
   }
 
+  const Pmi2Api& pmi2_;
   int rank_ = 0;
   int size_ = 0;
   std::string jobid_;

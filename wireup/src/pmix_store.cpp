@@ -1,4 +1,6 @@
-// The PMIx backend (srun --mpi=pmix). Compiled only when libpmix was found at build time.
+// The PMIx backend (srun --mpi=pmix). Compiled only when libpmix was found at build time;
+// libpmix itself is dlopened when a store connects (pmix_api.hpp), so other processes never load
+// it or the libraries it needs (libevent, libmunge).
 //
 // Limits and choices:
 //   - keys up to PMIX_MAX_KEYLEN (511) chars; values are PMIX_BYTE_OBJECTs (binary-safe).
@@ -19,15 +21,16 @@
 #include "backends.hpp"
 
 #ifdef TOPOLAUNCH_HAVE_PMIX
-#include <pmix.h>
-
+#include <cstdlib>
 #include <cstring>
+
+#include "pmix_api.hpp"
 
 namespace topolaunch::wireup::detail {
 namespace {
 
-std::string pmix_error(std::string_view what, pmix_status_t rc) {
-  return "wireup pmix: " + std::string(what) + " failed: " + PMIx_Error_string(rc);
+std::string pmix_error(const PmixApi& pmix, std::string_view what, pmix_status_t rc) {
+  return "wireup pmix: " + std::string(what) + " failed: " + pmix.error_string(rc);
 }
 
 int timeout_seconds(milliseconds timeout) {
@@ -38,25 +41,30 @@ int timeout_seconds(milliseconds timeout) {
 class PmixStore final : public KvStore {
  public:
   static Result<std::unique_ptr<KvStore>> connect() {
-    auto store = std::unique_ptr<PmixStore>(new PmixStore());
-    if (auto rc = PMIx_Init(&store->self_, nullptr, 0); rc != PMIX_SUCCESS) {
-      return make_error(pmix_error("PMIx_Init", rc) +
+    const auto& pmix = pmix_api();
+    if (!pmix) {
+      return make_error("wireup pmix: " + pmix.error().message +
+                        "; or use srun --mpi=pmi2, or the tcp store (TOPOLAUNCH_WIREUP=tcp)");
+    }
+    auto store = std::unique_ptr<PmixStore>(new PmixStore(*pmix));
+    if (auto rc = pmix->init(&store->self_, nullptr, 0); rc != PMIX_SUCCESS) {
+      return make_error(pmix_error(*pmix, "PMIx_Init", rc) +
                         " (is this process started by srun --mpi=pmix?)");
     }
     store->initialized_ = true;
     pmix_proc_t job;
     PMIX_LOAD_PROCID(&job, store->self_.nspace, PMIX_RANK_WILDCARD);
     pmix_value_t* value = nullptr;
-    if (auto rc = PMIx_Get(&job, PMIX_JOB_SIZE, nullptr, 0, &value); rc != PMIX_SUCCESS) {
-      return make_error(pmix_error("PMIx_Get(PMIX_JOB_SIZE)", rc));
+    if (auto rc = pmix->get(&job, PMIX_JOB_SIZE, nullptr, 0, &value); rc != PMIX_SUCCESS) {
+      return make_error(pmix_error(*pmix, "PMIx_Get(PMIX_JOB_SIZE)", rc));
     }
     store->size_ = static_cast<int>(value->data.uint32);
-    PMIX_VALUE_RELEASE(value);
+    store->release(value);
     return std::unique_ptr<KvStore>(std::move(store));
   }
 
   ~PmixStore() override {
-    if (initialized_) PMIx_Finalize(nullptr, 0);
+    if (initialized_) pmix_.finalize(nullptr, 0);
   }
 
   int rank() const override { return static_cast<int>(self_.rank); }
@@ -76,14 +84,15 @@ class PmixStore final : public KvStore {
     // PMIx_Put copies the value; the cast drops a const PMIx never writes through.
     v.data.bo.bytes = const_cast<char*>(reinterpret_cast<const char*>(value.data()));
     v.data.bo.size = value.size();
-    auto rc = PMIx_Put(PMIX_GLOBAL, key_text.c_str(), &v);
-    if (rc != PMIX_SUCCESS) return make_error(pmix_error("PMIx_Put('" + key_text + "')", rc));
+    auto rc = pmix_.put(PMIX_GLOBAL, key_text.c_str(), &v);
+    if (rc != PMIX_SUCCESS)
+      return make_error(pmix_error(pmix_, "PMIx_Put('" + key_text + "')", rc));
     return ok_status();
   }
 
   Status commit() override {
-    if (auto rc = PMIx_Commit(); rc != PMIX_SUCCESS)
-      return make_error(pmix_error("PMIx_Commit", rc));
+    if (auto rc = pmix_.commit(); rc != PMIX_SUCCESS)
+      return make_error(pmix_error(pmix_, "PMIx_Commit", rc));
     return ok_status();
   }
 
@@ -94,13 +103,14 @@ class PmixStore final : public KvStore {
     pmix_info_t info[2];
     bool collect = true;
     int seconds = timeout_seconds(timeout);
-    PMIX_INFO_LOAD(&info[0], PMIX_COLLECT_DATA, &collect, PMIX_BOOL);
-    PMIX_INFO_LOAD(&info[1], PMIX_TIMEOUT, &seconds, PMIX_INT);
-    auto rc = PMIx_Fence(&all, 1, info, 2);
-    PMIX_INFO_DESTRUCT(&info[0]);
-    PMIX_INFO_DESTRUCT(&info[1]);
+    load(info[0], PMIX_COLLECT_DATA, &collect, PMIX_BOOL);
+    load(info[1], PMIX_TIMEOUT, &seconds, PMIX_INT);
+    auto rc = pmix_.fence(&all, 1, info, 2);
+    destruct(info[0]);
+    destruct(info[1]);
     if (rc != PMIX_SUCCESS) {
-      return make_error(pmix_error("PMIx_Fence over " + std::to_string(size_) + " ranks (timeout " +
+      return make_error(pmix_error(pmix_,
+                                   "PMIx_Fence over " + std::to_string(size_) + " ranks (timeout " +
                                        std::to_string(seconds) + " s)",
                                    rc));
     }
@@ -115,25 +125,26 @@ class PmixStore final : public KvStore {
     values.reserve(static_cast<std::size_t>(size_), static_cast<std::size_t>(size_) * mine.size());
     pmix_info_t info;
     bool local_only = true;
-    PMIX_INFO_LOAD(&info, PMIX_OPTIONAL, &local_only, PMIX_BOOL);
+    load(info, PMIX_OPTIONAL, &local_only, PMIX_BOOL);
     for (int r = 0; r < size_; ++r) {
       const std::string key = rank_key(name, r);
       pmix_proc_t owner;
       PMIX_LOAD_PROCID(&owner, self_.nspace, static_cast<pmix_rank_t>(r));
       pmix_value_t* value = nullptr;
-      auto rc = PMIx_Get(&owner, key.c_str(), &info, 1, &value);
+      auto rc = pmix_.get(&owner, key.c_str(), &info, 1, &value);
       if (rc != PMIX_SUCCESS) {
-        PMIX_INFO_DESTRUCT(&info);
-        return make_error(pmix_error("PMIx_Get('" + key + "') after the collecting fence", rc));
+        destruct(info);
+        return make_error(
+            pmix_error(pmix_, "PMIx_Get('" + key + "') after the collecting fence", rc));
       }
       auto bytes = take_bytes(key, value);
       if (!bytes) {
-        PMIX_INFO_DESTRUCT(&info);
+        destruct(info);
         return bytes.error();
       }
       values.push_back(*bytes);
     }
-    PMIX_INFO_DESTRUCT(&info);
+    destruct(info);
     return values;
   }
 
@@ -147,9 +158,9 @@ class PmixStore final : public KvStore {
       PMIX_LOAD_PROCID(&owner, self_.nspace, guess);
       pmix_info_t info;
       bool local_only = true;
-      PMIX_INFO_LOAD(&info, PMIX_OPTIONAL, &local_only, PMIX_BOOL);
-      auto rc = PMIx_Get(&owner, key_text.c_str(), &info, 1, &value);
-      PMIX_INFO_DESTRUCT(&info);
+      load(info, PMIX_OPTIONAL, &local_only, PMIX_BOOL);
+      auto rc = pmix_.get(&owner, key_text.c_str(), &info, 1, &value);
+      destruct(info);
       if (rc != PMIX_SUCCESS) value = nullptr;
     }
     if (value == nullptr) {  // any process of the job may have put it
@@ -157,24 +168,37 @@ class PmixStore final : public KvStore {
       PMIX_LOAD_PROCID(&anyone, self_.nspace, PMIX_RANK_UNDEF);
       pmix_info_t info;
       int seconds = timeout_seconds(timeout);
-      PMIX_INFO_LOAD(&info, PMIX_TIMEOUT, &seconds, PMIX_INT);
-      auto rc = PMIx_Get(&anyone, key_text.c_str(), &info, 1, &value);
-      PMIX_INFO_DESTRUCT(&info);
-      if (rc != PMIX_SUCCESS) return make_error(pmix_error("PMIx_Get('" + key_text + "')", rc));
+      load(info, PMIX_TIMEOUT, &seconds, PMIX_INT);
+      auto rc = pmix_.get(&anyone, key_text.c_str(), &info, 1, &value);
+      destruct(info);
+      if (rc != PMIX_SUCCESS)
+        return make_error(pmix_error(pmix_, "PMIx_Get('" + key_text + "')", rc));
     }
     return take_bytes(key_text, value);
   }
 
  private:
   // The byte object in value (released either way).
-  static Result<Bytes> take_bytes(const std::string& key, pmix_value_t* value) {
+  Result<Bytes> take_bytes(const std::string& key, pmix_value_t* value) const {
     Result<Bytes> out = make_error("wireup pmix: key '" + key + "' does not hold a byte object");
     if (value->type == PMIX_BYTE_OBJECT) {
       auto bytes = reinterpret_cast<const std::byte*>(value->data.bo.bytes);
       out = Bytes(bytes, bytes + value->data.bo.size);
     }
-    PMIX_VALUE_RELEASE(value);
+    release(value);
     return out;
+  }
+
+  // pmix.h's PMIX_INFO_LOAD, PMIX_INFO_DESTRUCT and PMIX_VALUE_RELEASE, through the table.
+  void load(pmix_info_t& info, const char* key, const void* data, pmix_data_type_t type) const {
+    (void)pmix_.info_load(&info, key, data, type);
+  }
+  void destruct(pmix_info_t& info) const {
+    if (!PMIX_INFO_IS_PERSISTENT(&info)) pmix_.value_destruct(&info.value);
+  }
+  void release(pmix_value_t* value) const {
+    pmix_.value_destruct(value);
+    std::free(value);
   }
 
   pmix_rank_t guessed_owner(std::string_view key) const {
@@ -189,8 +213,9 @@ class PmixStore final : public KvStore {
     return static_cast<pmix_rank_t>(rank);
   }
 
-  PmixStore() = default;
+  explicit PmixStore(const PmixApi& pmix) : pmix_(pmix) {}
 
+  const PmixApi& pmix_;
   pmix_proc_t self_{};
   int size_ = 0;
   bool initialized_ = false;
