@@ -4,6 +4,7 @@
 #pragma once
 
 #include <infiniband/verbs.h>
+#include <cstdint>
 
 #include "topolaunch/common/result.hpp"
 

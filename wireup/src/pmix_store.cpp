@@ -194,7 +194,8 @@ class PmixStore final : public KvStore {
     (void)pmix_.info_load(&info, key, data, type);
   }
   void destruct(pmix_info_t& info) const {
-    if (!PMIX_INFO_IS_PERSISTENT(&info)) pmix_.value_destruct(&info.value);
+    // the flag itself: PMIx 5's PMIX_INFO_IS_PERSISTENT is a library call, not in the table
+    if ((info.flags & PMIX_INFO_PERSISTENT) == 0) pmix_.value_destruct(&info.value);
   }
   void release(pmix_value_t* value) const {
     pmix_.value_destruct(value);
