@@ -33,6 +33,16 @@ std::string pmix_error(const PmixApi& pmix, std::string_view what, pmix_status_t
   return "wireup pmix: " + std::string(what) + " failed: " + pmix.error_string(rc);
 }
 
+// What PMIX_LOAD_PROCID and PMIX_VALUE_CONSTRUCT do, by hand: in PMIx 5 they call the library,
+// which is dlopened here (pmix_api.hpp), not linked.
+pmix_proc_t proc_of(const char* nspace, pmix_rank_t rank) {
+  pmix_proc_t p;
+  std::memset(&p, 0, sizeof p);
+  std::memcpy(p.nspace, nspace, strnlen(nspace, PMIX_MAX_NSLEN));  // nspace has room for a NUL
+  p.rank = rank;
+  return p;
+}
+
 int timeout_seconds(milliseconds timeout) {
   auto seconds = (timeout.count() + 999) / 1000;
   return static_cast<int>(std::clamp<long long>(seconds, 1, 1 << 30));
@@ -52,8 +62,7 @@ class PmixStore final : public KvStore {
                         " (is this process started by srun --mpi=pmix?)");
     }
     store->initialized_ = true;
-    pmix_proc_t job;
-    PMIX_LOAD_PROCID(&job, store->self_.nspace, PMIX_RANK_WILDCARD);
+    const pmix_proc_t job = proc_of(store->self_.nspace, PMIX_RANK_WILDCARD);
     pmix_value_t* value = nullptr;
     if (auto rc = pmix->get(&job, PMIX_JOB_SIZE, nullptr, 0, &value); rc != PMIX_SUCCESS) {
       return make_error(pmix_error(*pmix, "PMIx_Get(PMIX_JOB_SIZE)", rc));
@@ -78,8 +87,7 @@ class PmixStore final : public KvStore {
                         std::to_string(PMIX_MAX_KEYLEN) + " chars");
     }
     std::string key_text(key);
-    pmix_value_t v;
-    PMIX_VALUE_CONSTRUCT(&v);
+    pmix_value_t v{};  // what PMIX_VALUE_CONSTRUCT does (its type set below)
     v.type = PMIX_BYTE_OBJECT;
     // PMIx_Put copies the value; the cast drops a const PMIx never writes through.
     v.data.bo.bytes = const_cast<char*>(reinterpret_cast<const char*>(value.data()));
@@ -98,8 +106,7 @@ class PmixStore final : public KvStore {
 
   Status fence(milliseconds timeout) override {
     if (auto r = commit(); !r) return r;
-    pmix_proc_t all;
-    PMIX_LOAD_PROCID(&all, self_.nspace, PMIX_RANK_WILDCARD);
+    const pmix_proc_t all = proc_of(self_.nspace, PMIX_RANK_WILDCARD);
     pmix_info_t info[2];
     bool collect = true;
     int seconds = timeout_seconds(timeout);
@@ -128,8 +135,7 @@ class PmixStore final : public KvStore {
     load(info, PMIX_OPTIONAL, &local_only, PMIX_BOOL);
     for (int r = 0; r < size_; ++r) {
       const std::string key = rank_key(name, r);
-      pmix_proc_t owner;
-      PMIX_LOAD_PROCID(&owner, self_.nspace, static_cast<pmix_rank_t>(r));
+      const pmix_proc_t owner = proc_of(self_.nspace, static_cast<pmix_rank_t>(r));
       pmix_value_t* value = nullptr;
       auto rc = pmix_.get(&owner, key.c_str(), &info, 1, &value);
       if (rc != PMIX_SUCCESS) {
@@ -154,8 +160,7 @@ class PmixStore final : public KvStore {
     // Fast path: a rank_key() ("name/<rank>") is usually that rank's; PMIX_OPTIONAL looks only in
     // the local data store (filled by the collecting fence) and fails at once if it is not there.
     if (auto guess = guessed_owner(key); guess != PMIX_RANK_UNDEF) {
-      pmix_proc_t owner;
-      PMIX_LOAD_PROCID(&owner, self_.nspace, guess);
+      const pmix_proc_t owner = proc_of(self_.nspace, guess);
       pmix_info_t info;
       bool local_only = true;
       load(info, PMIX_OPTIONAL, &local_only, PMIX_BOOL);
@@ -164,8 +169,7 @@ class PmixStore final : public KvStore {
       if (rc != PMIX_SUCCESS) value = nullptr;
     }
     if (value == nullptr) {  // any process of the job may have put it
-      pmix_proc_t anyone;
-      PMIX_LOAD_PROCID(&anyone, self_.nspace, PMIX_RANK_UNDEF);
+      const pmix_proc_t anyone = proc_of(self_.nspace, PMIX_RANK_UNDEF);
       pmix_info_t info;
       int seconds = timeout_seconds(timeout);
       load(info, PMIX_TIMEOUT, &seconds, PMIX_INT);
