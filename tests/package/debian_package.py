@@ -177,6 +177,15 @@ def main():
               "slurm-wlm-basic-plugins (<< " in depends,
               "the plugin does not depend on Slurm %s's plugin package: %s" % (release, depends))
 
+        # --- the programs' Recommends: the libraries they dlopen on first use ----------------
+        # (shlibs finds no NEEDED entry for them, so nothing else would pull them in)
+        main_deb = debs["topolaunch"]
+        recommends = run(["dpkg-deb", "--field", main_deb, "Recommends"]).strip()
+        print("%s Recommends: %s" % (os.path.basename(main_deb), recommends))
+        for lib in ("libucx0", "libibverbs1", "libpmix2", "libpmi2-0"):
+            check(lib in recommends.replace(",", " ").split(),
+                  "%s does not recommend %s, which it dlopens: %s" % (main_deb, lib, recommends))
+
         # --- install -----------------------------------------------------------------------
         contents = {name: deb_contents(deb) for name, deb in debs.items()}
         existed_before = {p for files, dirs in contents.values() for p in files + dirs
