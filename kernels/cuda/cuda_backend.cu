@@ -1781,6 +1781,8 @@ DeviceMemory CudaExecutor::memory() const {
 
 namespace {
 std::size_t round_up_256(std::size_t n) { return (n + 255) / 256 * 256; }
+// the timed runs of each variant in the FP8 choice (median)
+constexpr int kFp8ChoiceReps = 5;
 }  // namespace
 
 Status CudaExecutor::init_fp8() {
@@ -1843,36 +1845,6 @@ Fp8Report CudaExecutor::fp8_report() const {
   return r;
 }
 
-double CudaExecutor::time_gemm_path_ms(const std::function<bool()>& fn) {
-  if (!fn() || cudaStreamSynchronize(stream_) != cudaSuccess) return -1;  // warm-up, tunes
-  cudaEvent_t a = nullptr, b = nullptr;
-  if (cudaEventCreate(&a) != cudaSuccess || cudaEventCreate(&b) != cudaSuccess) {
-    if (a != nullptr) cudaEventDestroy(a);
-    cudaGetLastError();
-    return -1;
-  }
-  constexpr int kReps = 5;
-  std::vector<float> ms;
-  for (int i = 0; i < kReps; ++i) {
-    cudaEventRecord(a, stream_);
-    const bool ok = fn();
-    cudaEventRecord(b, stream_);
-    float f = 0;
-    if (!ok || cudaEventSynchronize(b) != cudaSuccess ||
-        cudaEventElapsedTime(&f, a, b) != cudaSuccess)
-      break;
-    ms.push_back(f);
-  }
-  cudaEventDestroy(a);
-  cudaEventDestroy(b);
-  if (ms.size() < kReps) {
-    cudaGetLastError();
-    return -1;
-  }
-  std::sort(ms.begin(), ms.end());
-  return ms[ms.size() / 2];
-}
-
 CudaExecutor::Fp8Operands CudaExecutor::fp8_operands(std::size_t index, const bf16* first,
                                                      std::int64_t first_elements, const bf16* w,
                                                      std::int64_t w_elements, const bf16* input,
@@ -1923,12 +1895,16 @@ Status CudaExecutor::fp8_forward(std::size_t index, bf16* y, bf16* pre, const bf
   if (!capturing_ && fp8_chosen_[index] == kFp8Unmeasured &&
       options_.fp8_choice == CudaExecutorOptions::Fp8Choice::measured) {
     // y is overwritten by either path: both are timed in place, the chosen one runs last
-    const double fp8_ms = time_gemm_path_ms([&] { return run_fp8() == CUBLAS_STATUS_SUCCESS; });
-    const double bf16_ms = time_gemm_path_ms([&] {
-      return (pre != nullptr ? matmul_->matmul_forward_gelu(y, pre, x, w, bias, N, C, OC, stream_)
-                             : matmul_->matmul_forward(y, x, w, bias, N, C, OC, stream_)) ==
-             CUBLAS_STATUS_SUCCESS;
-    });
+    const double fp8_ms = median_event_ms([&] { return run_fp8() == CUBLAS_STATUS_SUCCESS; },
+                                          stream_, kFp8ChoiceReps);
+    const double bf16_ms = median_event_ms(
+        [&] {
+          return (pre != nullptr
+                      ? matmul_->matmul_forward_gelu(y, pre, x, w, bias, N, C, OC, stream_)
+                      : matmul_->matmul_forward(y, x, w, bias, N, C, OC, stream_)) ==
+                 CUBLAS_STATUS_SUCCESS;
+        },
+        stream_, kFp8ChoiceReps);
     if (fp8_ms >= 0 && bf16_ms >= 0 && fp8_ms > bf16_ms * (1 - CudaExecutorOptions::kFp8MinGain)) {
       fp8_chosen_[index] = kBf16Chosen;
       return ok_status();  // the caller runs the bf16 GEMM
@@ -1960,30 +1936,29 @@ Status CudaExecutor::fp8_backward(std::size_t index, bf16* dx, const bf16* pre, 
                           ": cuBLASLt status " + std::to_string(static_cast<int>(st)),
                       1);
   };
+  auto bf16_dx = [&](bf16* out) {
+    return pre != nullptr
+               ? matmul_->matmul_backward_dx_dgelu(out, dy, pre, w, N, C, OC, stream_)
+               : matmul_->matmul_backward_dx(out, dy, w, N, C, OC, stream_, overwrite_dx);
+  };
   // One variant of the op: dW, then dx (dpre may take x's memory), each in FP8 or bf16; dy's two
   // FP8 casts come from one read when both GEMMs take FP8.
   bool dw_done = false;  // the last run's dW went through (a refusal after it is in dx)
   auto run = [&](bool dx8, bool dw8, bf16* dx_out, float* dw_out,
                  float* dbias_out) -> cublasStatus_t {
     dw_done = false;
-    if (!dx8 && !dw8) {
-      const cublasStatus_t st =
-          matmul_->matmul_backward_dw(dw_out, dbias_out, dy, x, N, C, OC, stream_);
-      dw_done = st == CUBLAS_STATUS_SUCCESS;
-      if (!dw_done || dx_out == nullptr) return st;
-      return pre != nullptr
-                 ? matmul_->matmul_backward_dx_dgelu(dx_out, dy, pre, w, N, C, OC, stream_)
-                 : matmul_->matmul_backward_dx(dx_out, dy, w, N, C, OC, stream_, overwrite_dx);
-    }
-    const Fp8Operands o = fp8_operands(index, dy, N * OC, w, OC * C, x, N * C);
     dx8 = dx8 && dx_out != nullptr;
-    if (dx8 && dw8)
-      fp8_cast_dual(o.first_fp8, o.first_t_fp8, dy, N, OC, Fp8Format::e5m2, o.first, o.step,
-                    stream_);
-    else if (dx8)
-      fp8_cast(o.first_fp8, dy, N * OC, Fp8Format::e5m2, o.first, o.step, stream_);
-    else
-      fp8_cast_transpose(o.first_t_fp8, dy, N, OC, Fp8Format::e5m2, o.first, o.step, stream_);
+    Fp8Operands o;
+    if (dx8 || dw8) {
+      o = fp8_operands(index, dy, N * OC, w, OC * C, x, N * C);
+      if (dx8 && dw8)
+        fp8_cast_dual(o.first_fp8, o.first_t_fp8, dy, N, OC, Fp8Format::e5m2, o.first, o.step,
+                      stream_);
+      else if (dx8)
+        fp8_cast(o.first_fp8, dy, N * OC, Fp8Format::e5m2, o.first, o.step, stream_);
+      else
+        fp8_cast_transpose(o.first_t_fp8, dy, N, OC, Fp8Format::e5m2, o.first, o.step, stream_);
+    }
     cublasStatus_t st = CUBLAS_STATUS_SUCCESS;
     if (dw8) {
       fp8_cast_transpose(o.input_t_fp8, x, N, C, Fp8Format::e4m3, o.input_t, o.step, stream_);
@@ -1997,10 +1972,7 @@ Status CudaExecutor::fp8_backward(std::size_t index, bf16* dx, const bf16* pre, 
     if (st != CUBLAS_STATUS_SUCCESS) return st;
     dw_done = true;
     if (dx_out == nullptr) return st;
-    if (!dx8)
-      return pre != nullptr
-                 ? matmul_->matmul_backward_dx_dgelu(dx_out, dy, pre, w, N, C, OC, stream_)
-                 : matmul_->matmul_backward_dx(dx_out, dy, w, N, C, OC, stream_, overwrite_dx);
+    if (!dx8) return bf16_dx(dx_out);
     fp8_cast_transpose(o.weight_fp8, w, OC, C, Fp8Format::e4m3, o.weight, o.step, stream_);
     return matmul_->matmul_backward_dx_fp8(dx_out, pre, o.first_fp8, &o.first->scale_inv,
                                            o.weight_fp8, &o.weight->scale_inv, N, C, OC, stream_,
@@ -2008,13 +1980,10 @@ Status CudaExecutor::fp8_backward(std::size_t index, bf16* dx, const bf16* pre, 
   };
   const bool has_dx = dx != nullptr;
   if (!capturing_ && fp8_dw_chosen_[index] == kFp8Unmeasured) {
-    if (options_.fp8_choice == CudaExecutorOptions::Fp8Choice::always) {
-      fp8_chosen_[index] = has_dx ? kFp8Chosen : kFp8Unmeasured;
-      fp8_dw_chosen_[index] = kFp8Chosen;
-    } else {
+    if (options_.fp8_choice == CudaExecutorOptions::Fp8Choice::measured) {
       // every variant timed whole on copies of dx, dW and dbias (they may accumulate), freed at
       // once (the steady state's memory does not grow); the fastest kept, each FP8 GEMM in it
-      // charged kFp8MinGain. Without memory for the copies: FP8 as configured.
+      // charged kFp8MinGain
       const std::size_t dx_bytes = has_dx ? static_cast<std::size_t>(N * C) * sizeof(bf16) : 0;
       const std::size_t dw_bytes = static_cast<std::size_t>(OC * C) * sizeof(float);
       const std::size_t db_bytes = dbias != nullptr ? static_cast<std::size_t>(OC) * 4 : 0;
@@ -2034,8 +2003,9 @@ Status CudaExecutor::fp8_backward(std::size_t index, bf16* dx, const bf16* pre, 
         for (int v = 0; v < 4; ++v) {
           const bool dx8 = (v & 1) != 0, dw8 = (v & 2) != 0;
           if (dx8 && !has_dx) continue;
-          const double ms = time_gemm_path_ms(
-              [&] { return run(dx8, dw8, dx_c, dw_c, db_c) == CUBLAS_STATUS_SUCCESS; });
+          const double ms = median_event_ms(
+              [&] { return run(dx8, dw8, dx_c, dw_c, db_c) == CUBLAS_STATUS_SUCCESS; }, stream_,
+              kFp8ChoiceReps);
           if (ms < 0) continue;
           const double charged = ms * (1 + CudaExecutorOptions::kFp8MinGain * (dx8 + dw8));
           if (best < 0 || charged < best) {
@@ -2053,10 +2023,10 @@ Status CudaExecutor::fp8_backward(std::size_t index, bf16* dx, const bf16* pre, 
       } else {
         cudaGetLastError();
       }
-      if (fp8_dw_chosen_[index] == kFp8Unmeasured) {  // not measured: FP8 as configured
-        fp8_chosen_[index] = has_dx ? kFp8Chosen : kFp8Unmeasured;
-        fp8_dw_chosen_[index] = kFp8Chosen;
-      }
+    }
+    if (fp8_dw_chosen_[index] == kFp8Unmeasured) {  // always, or not measured: FP8 as configured
+      fp8_chosen_[index] = has_dx ? kFp8Chosen : kFp8Unmeasured;
+      fp8_dw_chosen_[index] = kFp8Chosen;
     }
   }
   const bool dx8 = fp8_chosen_[index] == kFp8Chosen, dw8 = fp8_dw_chosen_[index] == kFp8Chosen;
@@ -2072,10 +2042,8 @@ Status CudaExecutor::fp8_backward(std::size_t index, bf16* dx, const bf16* pre, 
   fp8_refused(index, "backward", static_cast<int>(st));
   fp8_chosen_[index] = fp8_dw_chosen_[index] = kFp8Unmeasured;
   if (!dw_done) return ok_status();
-  const cublasStatus_t bst =
-      pre != nullptr ? matmul_->matmul_backward_dx_dgelu(dx, dy, pre, w, N, C, OC, stream_)
-                     : matmul_->matmul_backward_dx(dx, dy, w, N, C, OC, stream_, overwrite_dx);
-  if (bst != CUBLAS_STATUS_SUCCESS) return lt_error("bf16 GEMM", bst);
+  if (const cublasStatus_t bst = bf16_dx(dx); bst != CUBLAS_STATUS_SUCCESS)
+    return lt_error("bf16 GEMM", bst);
   *done = true;
   return ok_status();
 }

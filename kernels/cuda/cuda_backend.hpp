@@ -16,7 +16,6 @@
 
 #include <cstddef>
 #include <cstdint>
-#include <functional>
 #include <map>
 #include <memory>
 #include <span>
@@ -354,9 +353,6 @@ class CudaExecutor {
   // per op: its FP8-capable GEMMs' choices (forward, or a backward's dx; a backward's dW)
   enum Fp8Chosen : std::uint8_t { kFp8Unmeasured, kFp8Chosen, kBf16Chosen };
   std::vector<std::uint8_t> fp8_chosen_, fp8_dw_chosen_;
-  // Median ms of fn (a GEMM path enqueued on stream_; false: it failed) after a warm-up; < 0 when
-  // it failed.
-  double time_gemm_path_ms(const std::function<bool()>& fn);
   void* fp8_memory_ = nullptr;
   std::size_t fp8_memory_bytes_ = 0, fp8_operand_offset_ = 0, fp8_second_offset_ = 0,
               fp8_first_t_offset_ = 0, fp8_input_t_offset_ = 0;

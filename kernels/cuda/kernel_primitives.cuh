@@ -14,9 +14,11 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 #include <initializer_list>
+#include <vector>
 
 namespace topolaunch::kernels::cuda {
 
@@ -111,6 +113,41 @@ inline int multiprocessors() {
       sms <= 0)
     return 132;
   return sms;
+}
+
+// Median ms of `reps` runs of fn (enqueues on stream; false: it failed) timed by CUDA events,
+// after one untimed warm-up run (it also loads the kernels' modules and tunes GEMMs); < 0 when a
+// run or the timing failed (the CUDA error is cleared). Synchronises: eager use only.
+template <class Fn>
+float median_event_ms(Fn&& fn, cudaStream_t stream, int reps) {
+  if (!fn()) return -1;
+  cudaEvent_t start = nullptr, stop = nullptr;
+  if (cudaEventCreate(&start) != cudaSuccess || cudaEventCreate(&stop) != cudaSuccess) {
+    if (start != nullptr) cudaEventDestroy(start);
+    cudaGetLastError();
+    return -1;
+  }
+  std::vector<float> ms;
+  for (int rep = 0; rep < reps; ++rep) {
+    cudaEventRecord(start, stream);
+    const bool ok = fn();
+    cudaEventRecord(stop, stream);
+    float t = 0;
+    if (!ok || cudaEventSynchronize(stop) != cudaSuccess ||
+        cudaEventElapsedTime(&t, start, stop) != cudaSuccess) {
+      ms.clear();
+      break;
+    }
+    ms.push_back(t);
+  }
+  cudaEventDestroy(start);
+  cudaEventDestroy(stop);
+  if (ms.empty()) {
+    cudaGetLastError();
+    return -1;
+  }
+  std::sort(ms.begin(), ms.end());
+  return ms[ms.size() / 2];
 }
 
 }  // namespace topolaunch::kernels::cuda

@@ -117,34 +117,7 @@ bool Matmul::capturing(cudaStream_t stream) const {
 
 template <class Fn>
 float Matmul::time_median_ms(Fn&& fn, cudaStream_t stream) {
-  if (fn() != CUBLAS_STATUS_SUCCESS) return -1;  // warm-up (also loads the kernel's module)
-  cudaEvent_t start = nullptr, stop = nullptr;
-  if (cudaEventCreate(&start) != cudaSuccess || cudaEventCreate(&stop) != cudaSuccess) {
-    if (start != nullptr) cudaEventDestroy(start);
-    cudaGetLastError();
-    return -1;
-  }
-  std::vector<float> ms;
-  for (int rep = 0; rep < kTuneReps; ++rep) {
-    cudaEventRecord(start, stream);
-    const cublasStatus_t st = fn();
-    cudaEventRecord(stop, stream);
-    float t = 0;
-    if (st != CUBLAS_STATUS_SUCCESS || cudaEventSynchronize(stop) != cudaSuccess ||
-        cudaEventElapsedTime(&t, start, stop) != cudaSuccess) {
-      ms.clear();
-      break;
-    }
-    ms.push_back(t);
-  }
-  cudaEventDestroy(start);
-  cudaEventDestroy(stop);
-  if (ms.empty()) {
-    cudaGetLastError();
-    return -1;
-  }
-  std::sort(ms.begin(), ms.end());
-  return ms[ms.size() / 2];
+  return median_event_ms([&] { return fn() == CUBLAS_STATUS_SUCCESS; }, stream, kTuneReps);
 }
 
 cublasStatus_t Matmul::run(Gemm& g, const Call& c, const cublasLtMatmulAlgo_t& algo,
