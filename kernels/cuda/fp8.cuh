@@ -39,8 +39,9 @@ struct alignas(128) Fp8Scaling {
 // scalars[kStep]. n % 16 == 0 and 16-byte aligned pointers take the vector path.
 void fp8_cast(void* out, const __nv_bfloat16* x, std::int64_t n, Fp8Format format,
               Fp8Scaling* scaling, const float* step, cudaStream_t stream);
-// The same for the transpose: out (cols, rows) row-major from x (rows, cols) row-major (the
-// weight of a dgrad GEMM, which cuBLASLt's FP8 kernels take only as the transposed operand).
+// The same for the transpose: out (cols, rows) row-major from x (rows, cols) row-major (w^T of a
+// dgrad GEMM, x^T and dy^T of a wgrad GEMM: cuBLASLt's FP8 kernels take A only transposed and B
+// only as it is).
 void fp8_cast_transpose(void* out, const __nv_bfloat16* x, std::int64_t rows, std::int64_t cols,
                         Fp8Format format, Fp8Scaling* scaling, const float* step,
                         cudaStream_t stream);
