@@ -217,7 +217,10 @@ class AttemptRunner {
       ++running_;
     }
     report_.all_started_s = seconds_between(attempt_start, Clock::now());
-    if (running_ == static_cast<int>(workers_.size())) workers_started_unix_s_ = unix_now_s();
+    if (running_ == static_cast<int>(workers_.size())) {
+      workers_started_unix_s_ = unix_now_s();
+      workers_started_cpu_s_ = process_cpu_s();
+    }
 
     supervise();
 
@@ -785,8 +788,11 @@ class AttemptRunner {
     // The agent's start led to the first attempt's workers; a restart's start is not one.
     if (attempt_ == 0 && !job_.start_marks.empty()) {
       n.start_marks_unix_s = job_.start_marks;
-      if (workers_started_unix_s_ > 0)
+      n.start_marks_cpu_s = job_.start_marks_cpu;
+      if (workers_started_unix_s_ > 0) {
         n.start_marks_unix_s.emplace_back("workers_started", workers_started_unix_s_);
+        n.start_marks_cpu_s.emplace_back("workers_started", workers_started_cpu_s_);
+      }
     }
     if (!job_.gpu_watch) {
       if (allocated_gpus_ > 0) n.gpu_energy_note = "GPU energy not measured: NVML not loaded";
@@ -871,6 +877,7 @@ class AttemptRunner {
   AttemptReport report_;
   // When the last worker of this node was spawned; 0: not all of them were.
   double workers_started_unix_s_ = 0;
+  double workers_started_cpu_s_ = 0;
   Clock::time_point last_memory_check_{};
   Clock::duration memory_check_interval_ = 200ms;
   bool gpu_error_said_ = false;

@@ -5,6 +5,7 @@
 #include <arpa/inet.h>
 #include <fcntl.h>
 #include <netinet/in.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -115,6 +116,17 @@ Status claim_job_dir(const fs::path& dir, const std::string& run_id, bool resume
 // cluster's clocks far closer than a failure and the teardown it causes).
 double unix_now_s() {
   return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+}
+
+double process_cpu_s() {
+  double total = 0;
+  for (int who : {RUSAGE_SELF, RUSAGE_CHILDREN}) {
+    struct rusage usage {};
+    if (::getrusage(who, &usage) != 0) continue;
+    for (const timeval& tv : {usage.ru_utime, usage.ru_stime})
+      total += static_cast<double>(tv.tv_sec) + static_cast<double>(tv.tv_usec) * 1e-6;
+  }
+  return total;
 }
 
 double seconds_between(Clock::time_point a, Clock::time_point b) {

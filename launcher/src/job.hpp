@@ -56,9 +56,10 @@ struct Job {
   // process groups (tests that run an attempt alone).
   std::shared_ptr<const Containment> containment;
   std::shared_ptr<MetricsServer> metrics;  // [observe] metrics_port; null: off
-  // An agent's start, step by step (NodeUsage::start_marks_unix_s); the attempt adds
-  // "workers_started".
+  // An agent's start, step by step (NodeUsage::start_marks_unix_s, and the CPU it had used at
+  // each: start_marks_cpu_s); the attempt adds "workers_started".
   std::vector<std::pair<std::string, double>> start_marks;
+  std::vector<std::pair<std::string, double>> start_marks_cpu;
 };
 
 // The root cause's phase when an MPI program was started without an MPI launcher (its MPI_Init
@@ -107,6 +108,8 @@ PreflightStageOutcome preflight_stage(const Job& job, wireup::KvStore* store);
 RootCause preflight_root_cause(const Job& job, int attempt, const PreflightStageOutcome& outcome);
 
 double unix_now_s();
+// CPU seconds (user + system) this process and its reaped children have used so far.
+double process_cpu_s();
 double seconds_between(Clock::time_point a, Clock::time_point b);
 // Writes `text` whole or not at all (a temporary file renamed over `path`); an error names the
 // file and errno's text ("cannot write .../report.json: No space left on device").

@@ -301,12 +301,14 @@ nlohmann::json node_json(const NodeUsage& n) {
                       {"gpu_energy_note", n.gpu_energy_note},
                       {"cpu_energy_j", optional_number(n.cpu_energy_j)},
                       {"cpu_energy_note", n.cpu_energy_note}};
-  if (!n.start_marks_unix_s.empty()) {
-    // [name, unix_s] pairs in the order the agent reached them (an object would sort them).
-    j["start_marks_unix_s"] = nlohmann::json::array();
-    for (const auto& [name, at] : n.start_marks_unix_s)
-      j["start_marks_unix_s"].push_back({name, at});
-  }
+  // [name, value] pairs in the order the agent reached them (an object would sort them).
+  auto marks = [&j](const char* key, const std::vector<std::pair<std::string, double>>& list) {
+    if (list.empty()) return;
+    j[key] = nlohmann::json::array();
+    for (const auto& [name, value] : list) j[key].push_back({name, value});
+  };
+  marks("start_marks_unix_s", n.start_marks_unix_s);
+  marks("start_marks_cpu_s", n.start_marks_cpu_s);
   return j;
 }
 
@@ -324,10 +326,12 @@ NodeUsage node_from_json(const nlohmann::json& j) {
   if (j.contains("cpu_energy_j") && j["cpu_energy_j"].is_number())
     n.cpu_energy_j = j["cpu_energy_j"].get<double>();
   n.cpu_energy_note = j.value("cpu_energy_note", "");
-  if (j.contains("start_marks_unix_s") && j["start_marks_unix_s"].is_array()) {
-    for (const auto& m : j["start_marks_unix_s"]) {
+  for (auto [key, list] : {std::pair{"start_marks_unix_s", &n.start_marks_unix_s},
+                           std::pair{"start_marks_cpu_s", &n.start_marks_cpu_s}}) {
+    if (!j.contains(key) || !j[key].is_array()) continue;
+    for (const auto& m : j[key]) {
       if (m.is_array() && m.size() == 2 && m[0].is_string() && m[1].is_number())
-        n.start_marks_unix_s.emplace_back(m[0].get<std::string>(), m[1].get<double>());
+        list->emplace_back(m[0].get<std::string>(), m[1].get<double>());
     }
   }
   return n;

@@ -288,6 +288,7 @@ int run_slurm(Job& job, int nodes, int signal_fd) {
 
 int run_agent(const AgentOptions& options) {
   const double main_unix_s = unix_now_s();
+  const double main_cpu_s = process_cpu_s();  // the exec and the dynamic loader's work
   SignalScope signals;
   ::prctl(PR_SET_CHILD_SUBREAPER, 1);
   auto prepared = prepare_job(options.run, options.run_id);
@@ -296,8 +297,12 @@ int run_agent(const AgentOptions& options) {
     return prepared.error().exit_code;
   }
   Job& job = *prepared;
-  auto mark = [&](const char* phase) { job.start_marks.emplace_back(phase, unix_now_s()); };
+  auto mark = [&](const char* phase) {
+    job.start_marks.emplace_back(phase, unix_now_s());
+    job.start_marks_cpu.emplace_back(phase, process_cpu_s());
+  };
   job.start_marks.emplace_back("main", main_unix_s);
+  job.start_marks_cpu.emplace_back("main", main_cpu_s);
   mark("config");
   auto fail = [&](const std::string& message) {
     std::fprintf(stderr, "topolaunch agent %s: %s\n", job.node_name.c_str(), message.c_str());

@@ -182,31 +182,40 @@ class ScaleSuite(slurm_suite.Suite):
             self.record({"measurement": "agent_start_phases_ms", "launcher": "topolaunch run",
                          "wireup": backend, "phases": phases,
                          "note": "ms from the command to the last agent past each step "
-                                 "(first: the first agent), medians over the timed launches"})
+                                 "(first: the first agent), medians over the timed launches; "
+                                 "agent_cpu_ms: the CPU an agent had used by then (user + "
+                                 "system, with its reaped children; mean over the agents)"})
 
     @staticmethod
     def agent_phases(base, starts_at):
         """The agents' start marks (report.json, nodes[].start_marks_unix_s) of the timed
         launches: per step, the median over launches of the ms from the command to the first
         and to the last agent past it."""
-        per_phase = {}
+        per_phase, cpu_per_phase = {}, {}
         for i, t0_ns in sorted(starts_at.items()):
             try:
                 with open(os.path.join(base, "job-t%d" % i, "report.json")) as f:
                     nodes = json.load(f)["attempts"][0]["nodes"]
             except (OSError, ValueError, KeyError, IndexError):
                 continue
-            marks = {}
+            marks, cpu = {}, {}
             for node in nodes:
                 for name, at in node.get("start_marks_unix_s", []):
                     marks.setdefault(name, []).append(at * 1e3 - t0_ns / 1e6)
+                for name, at in node.get("start_marks_cpu_s", []):
+                    cpu.setdefault(name, []).append(at * 1e3)
             for name, ms in marks.items():
                 per_phase.setdefault(name, []).append((min(ms), max(ms)))
+            for name, ms in cpu.items():
+                cpu_per_phase.setdefault(name, []).append(statistics.mean(ms))
         order = ["main", "config", "contained", "topology", "agents_connected", "exchange", "map",
                  "relay", "ready", "workers_started"]
         names = sorted(per_phase, key=lambda n: order.index(n) if n in order else len(order))
-        return [{"step": n, "first_ms": round(statistics.median(a for a, _ in per_phase[n]), 1),
-                 "last_ms": round(statistics.median(b for _, b in per_phase[n]), 1)}
+        return [dict({"step": n,
+                      "first_ms": round(statistics.median(a for a, _ in per_phase[n]), 1),
+                      "last_ms": round(statistics.median(b for _, b in per_phase[n]), 1)},
+                     **({"agent_cpu_ms": round(statistics.median(cpu_per_phase[n]), 2)}
+                        if n in cpu_per_phase else {}))
                 for n in names]
 
     def check_run(self, backend, job_dir, out):

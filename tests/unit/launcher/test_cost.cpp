@@ -127,8 +127,9 @@ TEST_CASE("cost: the peak of [observe] wins; CPU ranks without one get no MFU, s
 }
 
 TEST_CASE("cost: attempts run one after another; the allocation is the largest of them") {
-  NodeUsage a0{0, "n1", 4, 64, 10, {}, "", {}, "", {}}, a1{1, "n1", 4, 64, 10, {}, "", {}, "", {}},
-      b1{1, "n2", 4, 64, 10, {}, "", 120.0, "", {}};
+  NodeUsage a0{0, "n1", 4, 64, 10, {}, "", {}, "", {}, {}},
+      a1{1, "n1", 4, 64, 10, {}, "", {}, "", {}, {}},
+      b1{1, "n2", 4, 64, 10, {}, "", 120.0, "", {}, {}};
   const CostReport c = attribute_cost({}, {a0, a1, b1}, 7200, jobspec::JobConfig{});
   CHECK(c.gpus == 8);
   CHECK(c.gpu_hours == 16);
@@ -155,7 +156,8 @@ TEST_CASE("report.json: each rank's step figures, each node's usage and the cost
                        "",
                        7.25,
                        "",
-                       {{"main", 1700000000.25}, {"config", 1700000000.5}}}};
+                       {{"main", 1700000000.25}, {"config", 1700000000.5}},
+                       {{"main", 0.0}, {"config", 0.0125}}}};
   r.attempts = {a};
   jobspec::JobConfig config;
   config.cost.gpu_hour = 3;
@@ -179,6 +181,7 @@ TEST_CASE("report.json: each rank's step figures, each node's usage and the cost
   using Marks = std::vector<std::pair<std::string, double>>;
   CHECK(back->attempts[0].nodes[0].start_marks_unix_s ==
         Marks{{"main", 1700000000.25}, {"config", 1700000000.5}});
+  CHECK(back->attempts[0].nodes[0].start_marks_cpu_s == Marks{{"main", 0.0}, {"config", 0.0125}});
   const std::string summary = summarize(r);
   CHECK(summary.find("cost: 1 GPU(s), 8 core(s) for 3600.0s = 1 GPU-hours, 8 core-hours; 3 at 3 "
                      "per GPU-hour") != std::string::npos);

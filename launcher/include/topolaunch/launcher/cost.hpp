@@ -73,6 +73,9 @@ struct NodeUsage {
   // ("config", "topology", "exchange", ..., and "workers_started" once every worker was spawned;
   // seconds since the epoch): where a launch's time goes.
   std::vector<std::pair<std::string, double>> start_marks_unix_s;
+  // The agent's CPU seconds (user + system, itself and its reaped children) at each of those
+  // marks: where a launch's CPU goes when nodes share cores.
+  std::vector<std::pair<std::string, double>> start_marks_cpu_s;
 };
 
 // The job's cost, attributed.
