@@ -448,6 +448,30 @@ def case_wireup_backend_srun_missing():
     print("ok:", lines[0])
 
 
+def case_exec_failure():
+    """A program whose exec fails (a script with a missing interpreter, which the PATH check
+    cannot see) fails the job with the exec's errno as the root cause; no rank has a pid and no
+    forked child is left behind."""
+    program = os.path.join(TMP, "no-interpreter.sh")
+    with open(program, "w") as f:
+        f.write("#!/nonexistent/interpreter\n")
+    os.chmod(program, 0o755)
+    config = write_config(ranks=2)
+    env = dict(os.environ, **{MARKER: marker_value})
+    proc = subprocess.run([TOPOLAUNCH, "run", config, "--job-dir", os.path.join(TMP, "job"), "--",
+                           program], env=env, capture_output=True, text=True, timeout=30)
+    check(proc.returncode == 1, f"exit {proc.returncode}: {proc.stderr}")
+    r = report()
+    check(r["status"] == "failed", f"status {r['status']}")
+    what = r["root_cause"]["what"]
+    check(f'cannot start "{program}": exec failed: No such file or directory' in what, what)
+    ranks = r["attempts"][0]["ranks"]
+    check(len(ranks) == 2 and all(x["pid"] == -1 for x in ranks),
+          f"ranks that never ran must have no pid: {ranks}")
+    check(not job_processes(), "something was left running")
+    print("ok:", what)
+
+
 def expect_bad_input(config_text, needle, worker=None, job_dir=None):
     path = os.path.join(TMP, f"bad-{uuid.uuid4().hex[:6]}.toml")
     with open(path, "w") as f:
