@@ -3,7 +3,9 @@
 //
 //   wireup_peer exchange <value_bytes> <timeout_ms> [rounds]
 //       fence; then per round: allgather "r<round>" (every rank's value, the backend's own bulk
-//       way) and check every value. Prints {"rank":R,"exchange_us":[...]} (one figure per round).
+//       way) and check every value; a last fence, so that no rank exits while others still time
+//       a round. Prints {"rank":R,"exchange_us":[...]} (one figure per round: the exchange alone,
+//       the check after it not counted, as MPI_Allgather's peer counts it).
 //   wireup_peer exchange-kv <value_bytes> <timeout_ms> [rounds]
 //       the same by hand: put "r<round>/<rank>", fence, get every other rank's value (get_many);
 //       also prints "get_us" (the part after the fence).
@@ -82,10 +84,11 @@ int main(int argc, char** argv) {
   for (int round = 0; round < rounds; ++round) {
     auto name = "r" + std::to_string(round);
     auto start = std::chrono::steady_clock::now();
-    auto fenced = start;
+    auto fenced = start, done = start;
     if (!by_hand) {
       auto values = kv.allgather(name, value_of(kv.rank(), round, bytes), timeout);
       if (!values) return fail(values.error().message);
+      done = std::chrono::steady_clock::now();  // the check below is not the exchange's time
       if (values->size() != static_cast<std::size_t>(kv.size()))
         return fail("allgather returned " + std::to_string(values->size()) + " values");
       for (int peer = 0; peer < kv.size(); ++peer) {
@@ -108,19 +111,21 @@ int main(int argc, char** argv) {
       }
       auto values = kv.get_many(keys, timeout);
       if (!values) return fail(values.error().message);
+      done = std::chrono::steady_clock::now();
       for (std::size_t i = 0; i < owners.size(); ++i) {
         if ((*values)[i] != value_of(owners[i], round, bytes)) {
           return fail("wrong value from rank " + std::to_string(owners[i]));
         }
       }
     }
-    auto us = std::chrono::duration_cast<std::chrono::microseconds>(
-        std::chrono::steady_clock::now() - start);
+    auto us = std::chrono::duration_cast<std::chrono::microseconds>(done - start);
     times += (round ? "," : "") + std::to_string(us.count());
-    auto get_us = std::chrono::duration_cast<std::chrono::microseconds>(
-        std::chrono::steady_clock::now() - fenced);
+    auto get_us = std::chrono::duration_cast<std::chrono::microseconds>(done - fenced);
     get_times += (round ? "," : "") + std::to_string(get_us.count());
   }
+  // Every rank stays until all have done their rounds (as MPI_Finalize holds the MPI peer's):
+  // a rank that exits early would take a core from the others' last round.
+  if (auto r = kv.fence(timeout); !r) return fail(r.error().message);
   std::printf("{\"rank\":%d,\"size\":%d,\"backend\":\"%s\",\"exchange_us\":[%s]%s}\n", kv.rank(),
               kv.size(), std::string(kv.backend()).c_str(), times.c_str(),
               by_hand ? (",\"get_us\":[" + get_times + "]").c_str() : "");
