@@ -10,7 +10,9 @@
 # the example configs' GPT-2 350M/774M/1.5B and ~1B LLaMA against torch.compile, with and without
 # a memory budget), example (topolaunch run of the single-GPU example), text (GPT-2 124M on the
 # prepared Austen tokens: loss curves, a sample, the export in PyTorch), fp8 (the same job with
-# train.precision "fp8" against "bf16" from the same start: tests/gpu/fp8_vs_bf16.py).
+# train.precision "fp8" against "bf16" from the same start: tests/gpu/fp8_vs_bf16.py; FP8_DATA
+# (default the austen-bpe8k tokens), FP8_OUT (default $OUT/fp8) and FP8_ARGS (e.g. "--batch 64
+# --noise-floor --resume" with FP8_DATA=.carry-gpu/data/austen-bpe8k-v25) pass on to it).
 # BUILD (default build-gpu), OUT (default $BUILD/out), MESON_ARGS (extra setup options).
 set -uo pipefail
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
@@ -25,6 +27,10 @@ if [ "${1:-}" = "--prepare" ]; then
   worker=${WORKER:-build/kernels/topolaunch-worker}
   [ -x "$worker" ] || { echo "--prepare needs $worker (ninja -C build)"; exit 2; }
   "$worker" data prepare --corpus janeaustenr --out "$CARRY/data/austen-bpe8k" --vocab-size 8192
+  # A quarter of the text held out: B=64's validation batch is 65,537 tokens (the split above
+  # holds 48K), for the fp8 step at B=64.
+  "$worker" data prepare --corpus janeaustenr --out "$CARRY/data/austen-bpe8k-v25" \
+    --vocab-size 8192 --val-fraction 0.25
   du -sh "$CARRY"
   exit 0
 fi
@@ -108,8 +114,9 @@ for step in "${STEPS[@]}"; do
     ;;
   fp8)
     stage "GPT-2 124M on the Austen tokens, fp8 against bf16 (tests/gpu/fp8_vs_bf16.py)"
-    python3 tests/gpu/fp8_vs_bf16.py --build "$BUILD" --data "$CARRY/data/austen-bpe8k" \
-      --out "$OUT/fp8" > "$OUT/fp8.log" 2>&1
+    # shellcheck disable=SC2086  # FP8_ARGS: words for the script
+    python3 tests/gpu/fp8_vs_bf16.py --build "$BUILD" --data "${FP8_DATA:-$CARRY/data/austen-bpe8k}" \
+      --out "${FP8_OUT:-$OUT/fp8}" ${FP8_ARGS:-} > "$OUT/fp8.log" 2>&1
     RC[fp8]=$?
     tail -5 "$OUT/fp8.log"
     ;;
