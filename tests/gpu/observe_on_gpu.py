@@ -7,7 +7,8 @@ energy and the cost table.
       and [cost] gpu_hour = 2.5: the merged trace is trace-event JSON whose compute-stream spans
       (CUDA events of the traced graph) follow one another in the plan's order without overlap,
       every span an op of the plan; report.json has NVML energy in joules, tokens per joule, an
-      MFU between 0 and 1 against the H200's data-sheet peak, the price; the tracing overhead of
+      MFU between 0 and 1 against the GPU's data-sheet peak, the price, and the device as
+      nvidia-smi names it with its memory (arena <= used <= the card); the tracing overhead of
       the traced steps against the untraced ones before them is printed (not judged).
   observe_on_gpu.py two_gpus ...   (suite gpu-multi) configs/jobs/gpt2-124m-h200x2.toml the same
       way: each rank's trace has every gradient bucket's all-reduce on the communication stream
@@ -119,9 +120,16 @@ def check_cost(job_dir):
     facts["step_time"] = parts
     ranks = rep["attempts"][-1]["ranks"]
     facts["memory_rank0"] = ranks[0].get("steps", {}).get("memory")
+    # The device the job ran on, as nvidia-smi names it (an H200 or an H100 host alike), and
+    # memory figures that hold together: the arena inside what the process used, inside the card.
+    allocated = (facts["memory_rank0"] or {}).get("allocated", {})
+    named = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader", "-i", "0"],
+                           capture_output=True, text=True).stdout.strip()
     check("report: the device and its memory as allocated",
-          "H200" in (facts["memory_rank0"] or {}).get("allocated", {}).get("device", ""),
-          str((facts["memory_rank0"] or {}).get("allocated")))
+          bool(named) and allocated.get("device") == named
+          and 0 < allocated.get("arena", 0) <= allocated.get("device_used", 0)
+          <= allocated.get("device_total", 0),
+          f"{allocated} (nvidia-smi: {named!r})")
 
 
 def one_gpu(args):
