@@ -787,8 +787,10 @@ class AttemptRunner {
     n.wall_s = wall_s;
     // The agent's start led to the first attempt's workers; a restart's start is not one.
     if (attempt_ == 0 && !job_.start_marks.empty()) {
-      n.start_marks_unix_s = job_.start_marks;
-      n.start_marks_cpu_s = job_.start_marks_cpu;
+      for (const Job::StartMark& m : job_.start_marks) {
+        n.start_marks_unix_s.emplace_back(m.name, m.unix_s);
+        n.start_marks_cpu_s.emplace_back(m.name, m.cpu_s);
+      }
       if (workers_started_unix_s_ > 0) {
         n.start_marks_unix_s.emplace_back("workers_started", workers_started_unix_s_);
         n.start_marks_cpu_s.emplace_back("workers_started", workers_started_cpu_s_);

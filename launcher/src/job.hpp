@@ -56,10 +56,14 @@ struct Job {
   // process groups (tests that run an attempt alone).
   std::shared_ptr<const Containment> containment;
   std::shared_ptr<MetricsServer> metrics;  // [observe] metrics_port; null: off
-  // An agent's start, step by step (NodeUsage::start_marks_unix_s, and the CPU it had used at
-  // each: start_marks_cpu_s); the attempt adds "workers_started".
-  std::vector<std::pair<std::string, double>> start_marks;
-  std::vector<std::pair<std::string, double>> start_marks_cpu;
+  // An agent's start, step by step: when it reached each step and the CPU it had used by then
+  // (NodeUsage::start_marks_unix_s and start_marks_cpu_s); the attempt adds "workers_started".
+  struct StartMark {
+    std::string name;
+    double unix_s = 0;
+    double cpu_s = 0;
+  };
+  std::vector<StartMark> start_marks;
 };
 
 // The root cause's phase when an MPI program was started without an MPI launcher (its MPI_Init

@@ -298,11 +298,9 @@ int run_agent(const AgentOptions& options) {
   }
   Job& job = *prepared;
   auto mark = [&](const char* phase) {
-    job.start_marks.emplace_back(phase, unix_now_s());
-    job.start_marks_cpu.emplace_back(phase, process_cpu_s());
+    job.start_marks.push_back({phase, unix_now_s(), process_cpu_s()});
   };
-  job.start_marks.emplace_back("main", main_unix_s);
-  job.start_marks_cpu.emplace_back("main", main_cpu_s);
+  job.start_marks.push_back({"main", main_unix_s, main_cpu_s});
   mark("config");
   auto fail = [&](const std::string& message) {
     std::fprintf(stderr, "topolaunch agent %s: %s\n", job.node_name.c_str(), message.c_str());

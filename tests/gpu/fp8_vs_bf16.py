@@ -79,11 +79,11 @@ def train(args, precision, seed, label):
                 train_pts.append([r["step"], r["loss"]])
     tps = re.findall(r"throughput: (\d+) tok/s", log)
     last = [l for s, l in train_pts[-100:]]
-    run = {"precision": precision, "seed": seed, "train": train_pts[::50] + train_pts[-1:], "val": val,
-            "train_loss_last100_mean": sum(last) / len(last), "val_loss_last": val[-1][1],
-            "throughput_tok_s": int(tps[-1]) if tps else None,
-            "banner": [l for l in log.splitlines() if "model gpt2" in l][:1],
-            "done": [l for l in log.splitlines() if "done:" in l][-1:]}
+    run = {"precision": precision, "seed": seed, "train": train_pts[::50] + train_pts[-1:],
+           "val": val, "train_loss_last100_mean": sum(last) / len(last),
+           "val_loss_last": val[-1][1], "throughput_tok_s": int(tps[-1]) if tps else None,
+           "banner": [l for l in log.splitlines() if "model gpt2" in l][:1],
+           "done": [l for l in log.splitlines() if "done:" in l][-1:]}
     with open(summary_path, "w") as f:
         json.dump({"config": text, "run": run}, f)
     return run
@@ -105,10 +105,12 @@ def main():
     args = p.parse_args()
     runs = {prec: train(args, prec, args.seed, prec) for prec in ("bf16", "fp8")}
     if args.noise_floor:
-        runs["bf16_other_seed"] = train(args, "bf16", args.seed + 1, "bf16-seed%d" % (args.seed + 1))
+        other = args.seed + 1
+        runs["bf16_other_seed"] = train(args, "bf16", other, "bf16-seed%d" % other)
     b, f = runs["bf16"], runs["fp8"]
-    result = {"bench": "fp8_vs_bf16", "model": "gpt2-124m", "data": os.path.basename(
-              os.path.normpath(args.data)), "batch": args.batch or 8,
+    data_name = os.path.basename(os.path.normpath(args.data))
+    result = {"bench": "fp8_vs_bf16", "model": "gpt2-124m", "data": data_name,
+              "batch": args.batch or 8,
               "steps": b["train"][-1][0], "runs": runs}
     for key in ("train_loss_last100_mean", "val_loss_last"):
         result[key + "_rel_diff"] = round((f[key] - b[key]) / b[key], 5)
