@@ -43,6 +43,8 @@ def train(args, precision, seed, label):
         text = re.sub(r"(?m)^val_batches = \d+", "val_batches = %d" % args.val_batches, text)
     text += "seed = %d\n" % seed
     metrics = os.path.join(out, "metrics.jsonl")
+    # The config compared on --resume is the one the job ran, metrics file included.
+    text += 'metrics_file = "%s"\n' % metrics
     summary_path = os.path.join(out, "run.json")
     if args.resume and os.path.exists(summary_path):
         with open(summary_path) as f:
@@ -52,7 +54,6 @@ def train(args, precision, seed, label):
             return earlier["run"]
     if os.path.exists(metrics):
         os.remove(metrics)
-    text += 'metrics_file = "%s"\n' % metrics
     job = os.path.join(out, "job.toml")
     with open(job, "w") as f:
         f.write(text)
