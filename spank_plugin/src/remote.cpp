@@ -21,6 +21,7 @@
 #include "topolaunch/jobspec/job_config.hpp"
 #include "topolaunch/jobspec/worker_contract.hpp"
 #include "topolaunch/topology/discover.hpp"
+#include "topology_cache.hpp"
 #include "user_file.hpp"
 
 namespace topolaunch::spank {
@@ -163,7 +164,32 @@ Status plan_this_node(spank_t sp, PluginState& s, std::uint32_t job_id, std::uin
   if (!step) return step.error();
   auto spec = mapping_spec(sp, s);
   if (!spec) return spec.error();
-  auto mine = load_node_topology(s.site, step->node_name);
+  // With per-node files, every node's topology through the node's cache (one stat and one small
+  // read per node, an import only for bytes new to this node); without the cache, or when it
+  // cannot be used, each file is read here and each distinct one imported, at every step.
+  StepTopologies cached;
+  if (!s.site.topology_xml.empty() && !s.site.topology_cache.empty()) {
+    const bool per_node = s.site.topology_xml.find("%n") != std::string::npos;
+    auto loaded = load_step_topologies(
+        s.site, per_node ? step->step_nodes : std::vector<std::string>{step->node_name},
+        step->node_name);
+    if (!loaded) return loaded.error();
+    cached = std::move(*loaded);
+    if (!cached.unusable.empty()) {
+      log_info(fmt::format("{}: topology cache not used: {}", step->node_name, cached.unusable));
+    } else {
+      if (!cached.write_error.empty()) {
+        log_info(
+            fmt::format("{}: topology cache not updated: {}", step->node_name, cached.write_error));
+      }
+      log_debug(fmt::format("{}: topology cache {}: {} files unchanged, {} imported, {} distinct",
+                            step->node_name, s.site.topology_cache, cached.from_cache,
+                            cached.imported, cached.distinct));
+    }
+  }
+  auto mine = cached.by_node.contains(step->node_name)
+                  ? Result<std::shared_ptr<const NodeTopology>>(cached.by_node[step->node_name])
+                  : load_node_topology(s.site, step->node_name);
   if (!mine) return mine.error();
   // A NIC the user names that this node lacks would leave the ranks without it, silently.
   if (s.options.nics_text) {
@@ -183,12 +209,13 @@ Status plan_this_node(spank_t sp, PluginState& s, std::uint32_t job_id, std::uin
     text << in.rdbuf();
     return in ? text.str() : std::string();
   };
-  if (s.site.topology_xml.find("%n") != std::string::npos) {
+  if (s.site.topology_xml.find("%n") != std::string::npos && cached.by_node.empty()) {
     if (auto text = content_of(step->node_name); !text.empty()) by_content.emplace(text, *mine);
   }
   TopologyLoader others =
       [&](const std::string& node) -> Result<std::shared_ptr<const NodeTopology>> {
     if (s.site.topology_xml.find("%n") == std::string::npos) return *mine;
+    if (auto it = cached.by_node.find(node); it != cached.by_node.end()) return it->second;
     auto text = content_of(node);
     if (auto it = by_content.find(text); !text.empty() && it != by_content.end()) return it->second;
     auto loaded = load_node_topology(s.site, node);  // names the file when it cannot be read

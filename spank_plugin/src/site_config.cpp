@@ -89,6 +89,18 @@ Result<SiteConfig> parse_site_config(const std::vector<std::string_view>& args) 
       }
       if (auto ok = check_pattern(value); !ok) return ok.error();
       config.topology_xml = value;
+    } else if (key == "topology_cache") {
+      if (value == "off") {
+        config.topology_cache.clear();
+        continue;
+      }
+      if (auto ok = check_path(value, "topology_cache"); !ok) {
+        return make_error(fmt::format("plugstack.conf: {}", ok.error().message));
+      }
+      if (value.empty() || value.front() != '/') {
+        return make_error("plugstack.conf: topology_cache: must be an absolute path or off");
+      }
+      config.topology_cache = value;
     } else if (key == "nics") {
       auto nics = parse_nic_list(value, "nics");
       if (!nics) return make_error(fmt::format("plugstack.conf: {}", nics.error().message));
@@ -115,8 +127,8 @@ Result<SiteConfig> parse_site_config(const std::vector<std::string_view>& args) 
       }
     } else {
       return make_error(fmt::format(
-          "plugstack.conf: unknown key '{}' (known: mode, topology_xml, nics, enforce_binding, "
-          "allow_user_config, log_level)",
+          "plugstack.conf: unknown key '{}' (known: mode, topology_xml, topology_cache, nics, "
+          "enforce_binding, allow_user_config, log_level)",
           shown(key)));
     }
   }

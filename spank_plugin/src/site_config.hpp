@@ -2,7 +2,8 @@
 // Only the admin writes plugstack.conf; nothing a user passes changes these values.
 //
 //   required /usr/lib/x86_64-linux-gnu/slurm-wlm/spank_topolaunch.so mode=off
-//       topology_xml=/etc/topolaunch/%n.xml nics=^mlx5_1,mlx5_2 enforce_binding=1 log_level=info
+//       topology_xml=/etc/topolaunch/%n.xml topology_cache=/var/cache/topolaunch
+//       nics=^mlx5_1,mlx5_2 enforce_binding=1 log_level=info
 // (one line in the file; wrapped here).
 #pragma once
 
@@ -21,7 +22,9 @@ enum class LogLevel { error, info, debug };
 struct SiteConfig {
   Mode default_mode = Mode::off;  // when the user gives no --topolaunch
   std::string topology_xml;       // "" = discover the live node; %n = Slurm node name
-  std::string nics_text;          // NCCL_IB_HCA syntax; "" = every compute NIC
+  // Imported topology_xml files, kept between steps on each node (topology_cache.hpp); "" = off.
+  std::string topology_cache = "/var/cache/topolaunch";
+  std::string nics_text;  // NCCL_IB_HCA syntax; "" = every compute NIC
   topology::NicFilter nics;
   bool enforce_binding = true;    // a failed sched_setaffinity fails the task
   bool allow_user_config = true;  // --topolaunch-config accepted

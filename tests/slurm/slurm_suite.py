@@ -15,6 +15,7 @@ import os
 import pwd
 import re
 import shutil
+import stat
 import subprocess
 import sys
 import tempfile
@@ -368,6 +369,42 @@ class Suite:
             for i in range(len(cpu_sets)):
                 for j in range(i + 1, len(cpu_sets)):
                     check(not (cpu_sets[i] & cpu_sets[j]), "%s: ranks share cpus" % node)
+
+    def test_topology_cache(self):
+        """Each node keeps its imported topology files (topology_cache): root's, mode 0700, one
+        index entry per node file and one import per distinct file; a second step writes none."""
+        cache = os.path.join(self.cluster.dir, "topology-cache")
+
+        def step():
+            proc = self.cluster.run(["srun", "-N4", "--ntasks-per-node=1", "--topolaunch=auto",
+                                     "/bin/sh", "-c", "test -n \"$RANK\""])
+            check(proc.returncode == 0, "srun failed: " + proc.stderr.strip())
+
+        def entries():
+            found = {}
+            for sub in ("files", "topologies"):
+                folder = os.path.join(cache, sub)
+                check(os.path.isdir(folder), "no %s after a mapped step" % folder)
+                for name in os.listdir(folder):
+                    found[sub + "/" + name] = os.stat(os.path.join(folder, name)).st_mtime_ns
+            return found
+
+        step()
+        st = os.stat(cache)
+        check(st.st_uid == 0 and stat.S_IMODE(st.st_mode) == 0o700,
+              "cache owner %d mode %o" % (st.st_uid, stat.S_IMODE(st.st_mode)))
+        first = entries()
+        files = [k for k in first if k.startswith("files/")]
+        imports = [k for k in first if k.startswith("topologies/")]
+        # four node files of three types (n1, n2 DGX H100; n3 L40S; n4 DGX A100)
+        check(len(files) == 4, "index entries: %s" % sorted(files))
+        check(len(imports) == 3, "imported topologies: %s" % sorted(imports))
+        step()
+        check(entries() == first, "a second step rewrote cache entries")
+        for node in ("n1", "n2", "n3", "n4"):
+            with open(os.path.join(self.cluster.dir, "log", "slurmd.%s.log" % node)) as f:
+                unused = [line for line in f if "topology cache not" in line]
+            check(not unused, "%s: %s" % (node, unused[:1]))
 
     def test_off_is_untouched(self):
         """Without --topolaunch (site default off) tasks get nothing from the plugin."""

@@ -791,8 +791,13 @@ Result<NodeTopology> load_xml_file(const std::string& path, const DiscoverOption
 Result<NodeTopology> load_topology_file(const std::string& path, const DiscoverOptions& options) {
   Result<std::string> text = read_file(path);
   if (!text) return text.error();
-  if (trim(*text).starts_with('{')) {
-    Result<NodeTopology> topo = from_json(*text, path);
+  return load_topology_buffer(*text, path, options);
+}
+
+Result<NodeTopology> load_topology_buffer(const std::string& text, const std::string& name,
+                                          const DiscoverOptions& options) {
+  if (trim(text).starts_with('{')) {
+    Result<NodeTopology> topo = from_json(text, name);
     if (topo && (!options.nics.include.empty() || !options.nics.exclude.empty())) {
       for (Nic& nic : topo->nics) {
         if (!options.nics.selects(nic.name)) {
@@ -805,7 +810,7 @@ Result<NodeTopology> load_topology_file(const std::string& path, const DiscoverO
     if (topo && !options.hostname.empty()) topo->hostname = options.hostname;
     return topo;
   }
-  return load_xml_buffer(*text, path, options);
+  return load_xml_buffer(text, name, options);
 }
 
 }  // namespace topolaunch::topology

@@ -1,4 +1,7 @@
+#include <sys/stat.h>
+
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <iterator>
 #include <map>
@@ -17,6 +20,8 @@
 #include "task_binding.hpp"
 #include "text_checks.hpp"
 #include "topolaunch/topology/discover.hpp"
+#include "topolaunch/topology/serialize.hpp"
+#include "topology_cache.hpp"
 
 using namespace topolaunch::spank;
 using topolaunch::Result;
@@ -235,4 +240,146 @@ TEST_CASE("node plan: uneven tasks per node and cores beyond the topology are re
   auto kept = plan_node(user_port, h100, same, {});
   REQUIRE(kept.ok());
   CHECK(kept->tasks.front().env.at("MASTER_PORT") == "12345");
+}
+
+namespace {
+
+// A private directory with three node files: n1 and n3 alike (DGX H100), n2 an L40S box.
+struct CacheFixture {
+  std::filesystem::path dir;
+  SiteConfig site;
+  CacheFixture() {
+    char name[] = "/tmp/topolaunch-cache-test-XXXXXX";
+    REQUIRE(mkdtemp(name) != nullptr);
+    dir = name;
+    const char* fixtures = std::getenv("TOPOLAUNCH_FIXTURES_DIR");
+    REQUIRE(fixtures != nullptr);
+    std::filesystem::create_directory(dir / "topo");
+    for (const auto& [node, type] : std::map<std::string, std::string>{
+             {"n1", "dgx-h100"}, {"n2", "pcie-l40s-8gpu"}, {"n3", "dgx-h100"}}) {
+      std::filesystem::copy_file(std::string(fixtures) + "/slurm/" + type + ".pci.xml",
+                                 dir / "topo" / (node + ".xml"));
+    }
+    site.topology_xml = (dir / "topo" / "%n.xml").string();
+    site.topology_cache = (dir / "cache").string();
+  }
+  ~CacheFixture() { std::filesystem::remove_all(dir); }
+  std::string direct_json(const std::string& node) const {
+    topolaunch::topology::DiscoverOptions options;
+    options.hostname = node;
+    auto topo = topolaunch::topology::load_topology_file(
+        expand_node_pattern(site.topology_xml, node), options);
+    REQUIRE(topo.ok());
+    return topolaunch::topology::to_json(*topo);
+  }
+};
+
+const std::vector<std::string> kThreeNodes{"n1", "n2", "n3"};
+
+}  // namespace
+
+TEST_CASE("topology cache: the first step imports each distinct file, later steps none") {
+  CacheFixture f;
+  auto first = load_step_topologies(f.site, kThreeNodes, "n3");
+  REQUIRE(first.ok());
+  REQUIRE(first->unusable.empty());
+  CHECK(first->imported == 2);  // n1 and n3 have the same bytes
+  CHECK(first->from_cache == 0);
+  CHECK(first->distinct == 2);
+  CHECK(first->write_error.empty());
+  // This node's own topology is what a direct load gives, its name and file included.
+  CHECK(topolaunch::topology::to_json(*first->by_node.at("n3")) == f.direct_json("n3"));
+  CHECK(first->by_node.at("n2")->gpus.size() == 8);
+  CHECK(first->by_node.at("n2")->cores.size() != first->by_node.at("n1")->cores.size());
+  CHECK(std::filesystem::is_directory(f.dir / "cache" / "topologies"));
+  CHECK((std::filesystem::status(f.dir / "cache").permissions() &
+         (std::filesystem::perms::group_all | std::filesystem::perms::others_all)) ==
+        std::filesystem::perms::none);
+
+  auto second = load_step_topologies(f.site, kThreeNodes, "n2");
+  REQUIRE(second.ok());
+  REQUIRE(second->unusable.empty());
+  CHECK(second->imported == 0);
+  CHECK(second->from_cache == 3);
+  CHECK(topolaunch::topology::to_json(*second->by_node.at("n2")) == f.direct_json("n2"));
+  CHECK(second->by_node.at("n1") == second->by_node.at("n3"));  // one parse for alike nodes
+}
+
+TEST_CASE("topology cache: a changed file or a damaged entry is imported again") {
+  CacheFixture f;
+  REQUIRE(load_step_topologies(f.site, kThreeNodes, "n1").ok());
+  SECTION("a node's file replaced by another type") {
+    std::filesystem::copy_file(f.dir / "topo" / "n2.xml", f.dir / "topo" / "n1.xml",
+                               std::filesystem::copy_options::overwrite_existing);
+    auto after = load_step_topologies(f.site, kThreeNodes, "n1");
+    REQUIRE(after.ok());
+    REQUIRE(after->unusable.empty());
+    CHECK(after->imported == 0);  // its new bytes are n2's, already imported
+    CHECK(after->from_cache == 2);
+    CHECK(topolaunch::topology::to_json(*after->by_node.at("n1")) == f.direct_json("n1"));
+    CHECK(after->by_node.at("n1")->gpus.size() == after->by_node.at("n2")->gpus.size());
+  }
+  SECTION("a cut topology entry") {
+    for (const auto& entry : std::filesystem::directory_iterator(f.dir / "cache" / "topologies")) {
+      std::filesystem::resize_file(entry.path(), 100);
+    }
+    auto after = load_step_topologies(f.site, kThreeNodes, "n1");
+    REQUIRE(after.ok());
+    REQUIRE(after->unusable.empty());
+    CHECK(after->imported == 2);
+    CHECK(topolaunch::topology::to_json(*after->by_node.at("n1")) == f.direct_json("n1"));
+  }
+  SECTION("an index entry that names another path") {
+    for (const auto& entry : std::filesystem::directory_iterator(f.dir / "cache" / "files")) {
+      std::ofstream(entry.path()) << "topolaunch-topology-cache 1\n/elsewhere.xml\n1 2 3\n"
+                                  << std::string(32, '0') << "\n";
+    }
+    auto after = load_step_topologies(f.site, kThreeNodes, "n2");
+    REQUIRE(after.ok());
+    CHECK(after->from_cache == 0);
+    CHECK(topolaunch::topology::to_json(*after->by_node.at("n2")) == f.direct_json("n2"));
+  }
+}
+
+TEST_CASE("topology cache: an unsafe directory is not used, a missing node file is an error") {
+  CacheFixture f;
+  SECTION("writable by others") {
+    std::filesystem::create_directory(f.site.topology_cache);
+    ::chmod(f.site.topology_cache.c_str(), 0777);
+    auto loaded = load_step_topologies(f.site, kThreeNodes, "n1");
+    REQUIRE(loaded.ok());
+    CHECK(loaded->unusable.find("writable by group or others") != std::string::npos);
+    CHECK(loaded->by_node.empty());
+  }
+  SECTION("a symbolic link") {
+    std::filesystem::create_directory(f.dir / "real");
+    ::chmod((f.dir / "real").c_str(), 0700);
+    std::filesystem::create_directory_symlink(f.dir / "real", f.site.topology_cache);
+    auto loaded = load_step_topologies(f.site, kThreeNodes, "n1");
+    REQUIRE(loaded.ok());
+    CHECK(loaded->unusable.find("is not a directory") != std::string::npos);
+  }
+  SECTION("a parent that does not exist") {
+    f.site.topology_cache = (f.dir / "no" / "such").string();
+    auto loaded = load_step_topologies(f.site, kThreeNodes, "n1");
+    REQUIRE(loaded.ok());
+    CHECK(loaded->unusable.find("cannot create") != std::string::npos);
+  }
+  SECTION("a node without its file") {
+    auto loaded = load_step_topologies(f.site, {"n1", "n9"}, "n1");
+    REQUIRE_FALSE(loaded.ok());
+    CHECK(loaded.error().message.find("n9.xml") != std::string::npos);
+    CHECK(loaded.error().exit_code == 2);
+  }
+}
+
+TEST_CASE("plugstack args: topology_cache is a path or off") {
+  auto site = parse_site_config({"topology_cache=/var/tmp/tl"});
+  REQUIRE(site.ok());
+  CHECK(site->topology_cache == "/var/tmp/tl");
+  CHECK(parse_site_config({})->topology_cache == "/var/cache/topolaunch");
+  CHECK(parse_site_config({"topology_cache=off"})->topology_cache.empty());
+  auto relative = parse_site_config({"topology_cache=cache"});
+  REQUIRE_FALSE(relative.ok());
+  CHECK(relative.error().message.find("topology_cache") != std::string::npos);
 }

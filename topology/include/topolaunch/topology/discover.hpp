@@ -56,5 +56,8 @@ Result<NodeTopology> load_xml_buffer(const std::string& xml, const std::string& 
 // Either of the above by file content: hwloc XML or our own NodeTopology JSON.
 Result<NodeTopology> load_topology_file(const std::string& path,
                                         const DiscoverOptions& options = {});
+// The same from the file's bytes; `name` stands for the file in error messages.
+Result<NodeTopology> load_topology_buffer(const std::string& text, const std::string& name,
+                                          const DiscoverOptions& options = {});
 
 }  // namespace topolaunch::topology

@@ -1,0 +1,49 @@
+// A node-local cache of imported topologies, for sites that give every node an hwloc XML
+// (topology_xml=/etc/topolaunch/%n.xml). Each node's slurmstepd plans the whole step, so without
+// it every node reads every node's XML (~200 KB each: ~200 MB per node per step at 1,024 nodes)
+// and imports each distinct file, at every step start. With it, a step start stats each node's
+// file and reads its index entry (~150 B); a file is read and imported only when it changed or is
+// new to this node, and the nodes whose files have the same bytes share one parse of one JSON.
+//
+// Layout under the cache directory (owned by the process's real user, root under slurmstepd, and
+// writable by no one else; created 0700 when missing, its parent must exist):
+//   files/<hash of the path>     the path, its stat signature (device, inode, size, mtime,
+//                                ctime) when it was read, and the key of its bytes
+//   topologies/<key>.json        the topology imported from those bytes, as lossless JSON
+// The key covers the bytes, the NIC filter and the JSON format, so a changed file, filter or
+// format never reads an old import. Entries are written to a temporary name and renamed.
+#pragma once
+
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "site_config.hpp"
+#include "topolaunch/common/result.hpp"
+#include "topolaunch/topology/model.hpp"
+
+namespace topolaunch::spank {
+
+struct StepTopologies {
+  // Node name -> topology, with `hostname` and `sources.origin` those of the node's own file for
+  // `self`; other nodes whose files have the same bytes share one object.
+  std::map<std::string, std::shared_ptr<const topology::NodeTopology>> by_node;
+  int from_cache = 0;       // files whose index entry matched their stat signature
+  int imported = 0;         // files imported (new or changed bytes)
+  int distinct = 0;         // distinct topologies among the nodes
+  std::string unusable;     // not empty: the cache could not be used, why (nothing else is set)
+  std::string write_error;  // not empty: an entry could not be written (the results stand)
+};
+
+// Every node's topology through the cache at site.topology_cache (site.topology_xml expanded per
+// node). The cache's reads and writes run in a forked child that takes the process's real
+// identity (slurmstepd's user_init runs with the job user's effective ids; the cache is root's).
+// A node file that cannot be read or imported is an Error naming the file, as a direct load says;
+// a cache that cannot be used (unsafe owner or mode, a full disk) sets `unusable` instead, and the
+// caller loads directly.
+Result<StepTopologies> load_step_topologies(const SiteConfig& site,
+                                            const std::vector<std::string>& nodes,
+                                            const std::string& self);
+
+}  // namespace topolaunch::spank
