@@ -132,14 +132,32 @@ Status trusted_directory(const std::string& path) {
 Result<std::string> cache_child(const SiteConfig& site, const std::vector<std::string>& nodes) {
   // slurmstepd's user_init runs with the job user's effective ids and the real uid 0: the cache
   // is root's. Elsewhere (tests, a user's own slurmd) real and effective ids are the same.
-  if (::getegid() != ::getgid() || ::geteuid() != ::getuid()) {
-    const uid_t user = ::geteuid();
+  const uid_t job_uid = ::geteuid();
+  const gid_t job_gid = ::getegid();
+  if (job_gid != ::getgid() || job_uid != ::getuid()) {
     if (::seteuid(::getuid()) != 0 || ::setegid(::getgid()) != 0) {
-      (void)!::seteuid(user);
       return fmt::format("U cannot take the real identity (uid {}): {}\n", ::getuid(),
                          std::strerror(errno));
     }
   }
+  // hwloc parses with the identity it had before the cache (the job user's under slurmstepd);
+  // only the cache's own files are read and written with the real one. This child is single
+  // threaded, so switching back and forth affects nothing else.
+  auto import_as_job_user =
+      [&](const std::string& bytes, const std::string& path,
+          const topology::DiscoverOptions& options) -> Result<topology::NodeTopology> {
+    const bool switched = job_uid != ::geteuid() || job_gid != ::getegid();
+    if (switched && (::setegid(job_gid) != 0 || ::seteuid(job_uid) != 0)) {
+      return make_error(fmt::format("cannot switch to uid {} to import {}: {}", job_uid, path,
+                                    std::strerror(errno)));
+    }
+    auto topo = topology::load_topology_buffer(bytes, path, options);
+    if (switched && (::seteuid(::getuid()) != 0 || ::setegid(::getgid()) != 0)) {
+      return make_error(
+          fmt::format("cannot switch back to uid {}: {}", ::getuid(), std::strerror(errno)));
+    }
+    return topo;
+  };
   const std::string& root = site.topology_cache;
   for (const std::string& dir : {root, root + "/files", root + "/topologies"}) {
     if (auto trusted = trusted_directory(dir); !trusted) {
@@ -193,7 +211,7 @@ Result<std::string> cache_child(const SiteConfig& site, const std::vector<std::s
       }
       key = key_of(salt + *bytes);
       if (!cached_import(key)) {
-        auto topo = topology::load_topology_buffer(*bytes, path, options);
+        auto topo = import_as_job_user(*bytes, path, options);
         if (!topo) return "E " + topo.error().message + "\n";
         std::string json = topology::to_json(*topo);
         if (auto ok = write_entry(root + "/topologies", key + ".json", json);
