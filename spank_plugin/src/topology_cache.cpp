@@ -32,9 +32,16 @@ constexpr std::size_t kMaxOutputBytes = 512u << 20;
 
 // The child runs inside slurmstepd's address space after fork: plain system calls for its files
 // (no iostreams or stdio, whose locks another thread may have held at the fork).
+// Regular files only: a FIFO or a device in the cache's place would block or never end.
 std::optional<std::string> read_all(const std::string& path, int flags) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | flags);
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK | flags);
   if (fd < 0) return std::nullopt;
+  struct stat st {};
+  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    ::close(fd);
+    errno = EINVAL;
+    return std::nullopt;
+  }
   std::string text;
   char buffer[1 << 16];
   for (;;) {

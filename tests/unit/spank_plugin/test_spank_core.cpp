@@ -329,6 +329,17 @@ TEST_CASE("topology cache: a changed file or a damaged entry is imported again")
     CHECK(after->imported == 2);
     CHECK(topolaunch::topology::to_json(*after->by_node.at("n1")) == f.direct_json("n1"));
   }
+  SECTION("a FIFO in place of an entry") {
+    for (const auto& entry : std::filesystem::directory_iterator(f.dir / "cache" / "files")) {
+      std::filesystem::remove(entry.path());
+      REQUIRE(::mkfifo(entry.path().c_str(), 0600) == 0);
+    }
+    auto after = load_step_topologies(f.site, kThreeNodes, "n1");  // must not block
+    REQUIRE(after.ok());
+    REQUIRE(after->unusable.empty());
+    CHECK(after->from_cache == 0);
+    CHECK(topolaunch::topology::to_json(*after->by_node.at("n1")) == f.direct_json("n1"));
+  }
   SECTION("an index entry that names another path") {
     for (const auto& entry : std::filesystem::directory_iterator(f.dir / "cache" / "files")) {
       std::ofstream(entry.path()) << "topolaunch-topology-cache 1\n/elsewhere.xml\n1 2 3\n"
