@@ -8,10 +8,7 @@
 
 #include <chrono>
 #include <cstring>
-#include <fstream>
-#include <map>
 #include <memory>
-#include <sstream>
 #include <vector>
 
 #include "slurm_text.hpp"
@@ -114,17 +111,29 @@ Result<StepInfo> step_info(spank_t sp, std::uint32_t job_id, std::uint32_t step_
   return step;
 }
 
-Result<std::shared_ptr<const NodeTopology>> load_node_topology(const SiteConfig& site,
-                                                               const std::string& node) {
-  topology::DiscoverOptions options;
-  options.nics = site.nics;
-  options.hostname = node;
-  auto topo =
-      site.topology_xml.empty()
-          ? topology::discover_live(options)
-          : topology::load_topology_file(expand_node_pattern(site.topology_xml, node), options);
-  if (!topo) return topo.error();
-  return std::shared_ptr<const NodeTopology>(std::make_shared<NodeTopology>(std::move(*topo)));
+// The nodes' topologies from the site's files: every node's with %n, this node's alone without.
+// Through the node's cache (one stat and one small read per node, an import only for bytes new
+// to this node); read directly when the cache is off or cannot be used.
+Result<StepTopologies> site_topologies(const SiteConfig& site, const StepInfo& step) {
+  const std::vector<std::string> nodes = site.topology_xml.find("%n") != std::string::npos
+                                             ? step.step_nodes
+                                             : std::vector<std::string>{step.node_name};
+  if (!site.topology_cache.empty()) {
+    auto cached = load_step_topologies(site, nodes, step.node_name);
+    if (!cached) return cached.error();
+    if (cached->unusable.empty()) {
+      if (!cached->write_error.empty()) {
+        log_info(
+            fmt::format("{}: topology cache not updated: {}", step.node_name, cached->write_error));
+      }
+      log_debug(fmt::format("{}: topology cache {}: {} files unchanged, {} imported, {} distinct",
+                            step.node_name, site.topology_cache, cached->from_cache,
+                            cached->imported, cached->distinct));
+      return cached;
+    }
+    log_info(fmt::format("{}: topology cache not used: {}", step.node_name, cached->unusable));
+  }
+  return load_step_topologies_direct(site, nodes, step.node_name);
 }
 
 // The effective [mapping]: job config (read as the user), then the command-line overrides,
@@ -164,72 +173,48 @@ Status plan_this_node(spank_t sp, PluginState& s, std::uint32_t job_id, std::uin
   if (!step) return step.error();
   auto spec = mapping_spec(sp, s);
   if (!spec) return spec.error();
-  // With per-node files, every node's topology through the node's cache (one stat and one small
-  // read per node, an import only for bytes new to this node); without the cache, or when it
-  // cannot be used, each file is read here and each distinct one imported, at every step.
-  StepTopologies cached;
-  if (!s.site.topology_xml.empty() && !s.site.topology_cache.empty()) {
-    const bool per_node = s.site.topology_xml.find("%n") != std::string::npos;
-    auto loaded = load_step_topologies(
-        s.site, per_node ? step->step_nodes : std::vector<std::string>{step->node_name},
-        step->node_name);
+  // This node's topology: live, or from the site's files with (given %n) every other node's.
+  StepTopologies files;
+  std::shared_ptr<const NodeTopology> mine;
+  if (s.site.topology_xml.empty()) {
+    topology::DiscoverOptions options;
+    options.nics = s.site.nics;
+    options.hostname = step->node_name;
+    auto live = topology::discover_live(options);
+    if (!live) return live.error();
+    mine = std::make_shared<const NodeTopology>(std::move(*live));
+  } else {
+    auto loaded = site_topologies(s.site, *step);
     if (!loaded) return loaded.error();
-    cached = std::move(*loaded);
-    if (!cached.unusable.empty()) {
-      log_info(fmt::format("{}: topology cache not used: {}", step->node_name, cached.unusable));
-    } else {
-      if (!cached.write_error.empty()) {
-        log_info(
-            fmt::format("{}: topology cache not updated: {}", step->node_name, cached.write_error));
-      }
-      log_debug(fmt::format("{}: topology cache {}: {} files unchanged, {} imported, {} distinct",
-                            step->node_name, s.site.topology_cache, cached.from_cache,
-                            cached.imported, cached.distinct));
+    files = std::move(*loaded);
+    auto own = files.by_node.find(step->node_name);
+    if (own == files.by_node.end()) {
+      return make_error(fmt::format("no topology for node {}", step->node_name));
     }
+    mine = own->second;
   }
-  auto mine = cached.by_node.contains(step->node_name)
-                  ? Result<std::shared_ptr<const NodeTopology>>(cached.by_node[step->node_name])
-                  : load_node_topology(s.site, step->node_name);
-  if (!mine) return mine.error();
   // A NIC the user names that this node lacks would leave the ranks without it, silently.
   if (s.options.nics_text) {
-    if (auto named = topology::check_named_nics(spec->nics, **mine, step->node_name,
+    if (auto named = topology::check_named_nics(spec->nics, *mine, step->node_name,
                                                 "--topolaunch-nics=" + *s.options.nics_text);
         !named)
       return named.error();
   }
-  // Other nodes: the site's per-node XML when there is a pattern; otherwise this node's
-  // topology stands in for them (a live node cannot see its peers from inside a SPANK hook).
-  // Files with the same bytes share one parse: each node of a 32-node step of three node types
-  // parses three files, not 32 (24 ms each here; 6.4 s of the step's start on this host).
-  std::map<std::string, std::shared_ptr<const NodeTopology>> by_content;
-  auto content_of = [&](const std::string& node) {
-    std::ifstream in(expand_node_pattern(s.site.topology_xml, node), std::ios::binary);
-    std::ostringstream text;
-    text << in.rdbuf();
-    return in ? text.str() : std::string();
-  };
-  if (s.site.topology_xml.find("%n") != std::string::npos && cached.by_node.empty()) {
-    if (auto text = content_of(step->node_name); !text.empty()) by_content.emplace(text, *mine);
-  }
+  // Other nodes: their files' topologies; without per-node files this node's stands in for them
+  // (a live node cannot see its peers from inside a SPANK hook).
   TopologyLoader others =
       [&](const std::string& node) -> Result<std::shared_ptr<const NodeTopology>> {
-    if (s.site.topology_xml.find("%n") == std::string::npos) return *mine;
-    if (auto it = cached.by_node.find(node); it != cached.by_node.end()) return it->second;
-    auto text = content_of(node);
-    if (auto it = by_content.find(text); !text.empty() && it != by_content.end()) return it->second;
-    auto loaded = load_node_topology(s.site, node);  // names the file when it cannot be read
-    if (loaded && !text.empty()) by_content.emplace(std::move(text), *loaded);
-    return loaded;
+    auto it = files.by_node.find(node);
+    return it != files.by_node.end() ? it->second : mine;
   };
-  auto plan = plan_node(*step, *mine, others, *spec);
+  auto plan = plan_node(*step, mine, others, *spec);
   if (!plan) return plan.error();
   for (const auto& note : plan->notes) log_info(fmt::format("{}: {}", step->node_name, note));
   const auto took =
       std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - began);
   log_info(fmt::format("job {}.{} node {}: {} tasks mapped in {:.1f} ms, topology from {}", job_id,
                        step_id, step->node_name, plan->tasks.size(), took.count(),
-                       (*mine)->sources.origin));
+                       mine->sources.origin));
   for (const auto& task : plan->tasks) {
     log_debug(fmt::format("task {} rank {}: cpus {} numa {}", task.local_task, task.rank.rank,
                           task.rank.cpus.to_list(), task.rank.numa));

@@ -58,6 +58,18 @@ std::optional<std::string> read_all(const std::string& path, int flags) {
   return text;
 }
 
+// A node file's bytes; when it cannot be read, the direct loader's own words naming it (a
+// missing file, a directory). Anything else not regular is refused before an open could block.
+Result<std::string> node_file_bytes(const std::string& path) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) == 0 && !S_ISREG(st.st_mode) && !S_ISDIR(st.st_mode)) {
+    return make_error(path + ": not a regular file, expected an hwloc xml or topology json file");
+  }
+  if (auto bytes = read_all(path, 0)) return std::move(*bytes);
+  auto direct = topology::load_topology_file(path);
+  return make_error(direct ? "cannot read topology file " + path : direct.error().message);
+}
+
 // Written to a temporary name and renamed: a reader sees the whole entry or none.
 Status write_entry(const std::string& dir, const std::string& name, std::string_view bytes) {
   const std::string final_path = dir + "/" + name;
@@ -186,9 +198,7 @@ Result<std::string> cache_child(const SiteConfig& site, const std::vector<std::s
     const std::string path = expand_node_pattern(site.topology_xml, node);
     struct stat st {};
     if (::stat(path.c_str(), &st) != 0 || !S_ISREG(st.st_mode)) {
-      // The direct load's own words for a missing or odd file.
-      auto direct = topology::load_topology_file(path, options);
-      return "E " + (direct ? path + ": not a regular file" : direct.error().message) + "\n";
+      return "E " + node_file_bytes(path).error().message + "\n";
     }
     const std::string signature = signature_of(st);
     const std::string index_name = key_of(path);
@@ -212,10 +222,8 @@ Result<std::string> cache_child(const SiteConfig& site, const std::vector<std::s
     };
     if (!key.empty() && !cached_import(key)) key.clear();
     if (key.empty()) {
-      auto bytes = read_all(path, 0);
-      if (!bytes) {
-        return fmt::format("E cannot read topology file {}: {}\n", path, std::strerror(errno));
-      }
+      auto bytes = node_file_bytes(path);
+      if (!bytes) return "E " + bytes.error().message + "\n";
       key = key_of(salt + *bytes);
       if (!cached_import(key)) {
         auto topo = import_as_job_user(*bytes, path, options);
@@ -338,6 +346,38 @@ Result<StepTopologies> load_step_topologies(const SiteConfig& site,
     }
   }
   result.distinct = static_cast<int>(by_key.size());
+  return result;
+}
+
+Result<StepTopologies> load_step_topologies_direct(const SiteConfig& site,
+                                                   const std::vector<std::string>& nodes,
+                                                   const std::string& self) {
+  StepTopologies result;
+  std::map<std::string, std::shared_ptr<const NodeTopology>> by_bytes;
+  // This node first: its topology carries its own name, and nodes with the same bytes share it.
+  std::vector<std::string> order{self};
+  for (const std::string& node : nodes) {
+    if (node != self) order.push_back(node);
+  }
+  for (const std::string& node : order) {
+    const std::string path = expand_node_pattern(site.topology_xml, node);
+    auto bytes = node_file_bytes(path);
+    if (!bytes) return bytes.error();
+    if (auto known = by_bytes.find(*bytes); known != by_bytes.end()) {
+      result.by_node[node] = known->second;
+      continue;
+    }
+    topology::DiscoverOptions options;
+    options.nics = site.nics;
+    options.hostname = node;
+    auto topo = topology::load_topology_buffer(*bytes, path, options);
+    if (!topo) return topo.error();
+    auto shared = std::make_shared<const NodeTopology>(std::move(*topo));
+    result.by_node[node] = shared;
+    by_bytes.emplace(std::move(*bytes), std::move(shared));
+    ++result.imported;
+  }
+  result.distinct = static_cast<int>(by_bytes.size());
   return result;
 }
 

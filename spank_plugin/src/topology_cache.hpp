@@ -48,4 +48,10 @@ Result<StepTopologies> load_step_topologies(const SiteConfig& site,
                                             const std::vector<std::string>& nodes,
                                             const std::string& self);
 
+// The same without the cache, as with topology_cache=off: every node's file read, and each
+// distinct content imported (`imported`, `distinct`; `from_cache` stays 0). Errors name the file.
+Result<StepTopologies> load_step_topologies_direct(const SiteConfig& site,
+                                                   const std::vector<std::string>& nodes,
+                                                   const std::string& self);
+
 }  // namespace topolaunch::spank

@@ -12,14 +12,10 @@
 #include <chrono>
 #include <cstdlib>
 #include <filesystem>
-#include <fstream>
-#include <map>
-#include <sstream>
 #include <string>
 #include <vector>
 
 #include "site_config.hpp"
-#include "topolaunch/topology/discover.hpp"
 #include "topology_cache.hpp"
 
 namespace fs = std::filesystem;
@@ -85,21 +81,10 @@ int main(int argc, char** argv) {
   const std::string self = names.front();
   int failures = 0;
 
-  // The peer: remote.cpp's path with topology_cache=off (read each file, import each new content).
+  // The peer: the plugin's own path with topology_cache=off.
   auto direct = [&] {
-    std::map<std::string, std::shared_ptr<const topology::NodeTopology>> by_content;
-    for (const auto& node : names) {
-      const std::string path = spank::expand_node_pattern(site.topology_xml, node);
-      std::ifstream in(path, std::ios::binary);
-      std::ostringstream text;
-      text << in.rdbuf();
-      if (by_content.contains(text.str())) continue;
-      auto topo = topology::load_topology_buffer(text.str(), path);
-      if (!topo)
-        ++failures;
-      else
-        by_content.emplace(text.str(), std::make_shared<topology::NodeTopology>(*topo));
-    }
+    auto loaded = spank::load_step_topologies_direct(site, names, self);
+    if (!loaded || loaded->imported != 3) ++failures;
   };
   std::vector<double> direct_ms, cold_ms, warm_ms;
   int imported_cold = 0;

@@ -305,6 +305,22 @@ TEST_CASE("topology cache: the first step imports each distinct file, later step
   CHECK(second->by_node.at("n1") == second->by_node.at("n3"));  // one parse for alike nodes
 }
 
+TEST_CASE("topology cache off: every file read, alike bytes imported once, the same topologies") {
+  CacheFixture f;
+  auto direct = load_step_topologies_direct(f.site, kThreeNodes, "n3");
+  REQUIRE(direct.ok());
+  CHECK(direct->imported == 2);
+  CHECK(direct->distinct == 2);
+  CHECK(direct->from_cache == 0);
+  CHECK(direct->by_node.at("n1") == direct->by_node.at("n3"));
+  CHECK(topolaunch::topology::to_json(*direct->by_node.at("n3")) == f.direct_json("n3"));
+  CHECK(topolaunch::topology::to_json(*direct->by_node.at("n2")) == f.direct_json("n2"));
+  CHECK_FALSE(std::filesystem::exists(f.site.topology_cache));
+  auto missing = load_step_topologies_direct(f.site, {"n1", "n9"}, "n1");
+  REQUIRE_FALSE(missing.ok());
+  CHECK(missing.error().message.find("n9.xml") != std::string::npos);
+}
+
 TEST_CASE("topology cache: a changed file or a damaged entry is imported again") {
   CacheFixture f;
   REQUIRE(load_step_topologies(f.site, kThreeNodes, "n1").ok());
