@@ -144,9 +144,13 @@ def main():
     errors = open(os.path.join(tmp, "stderr.txt"), "w+")
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=errors)
 
-    # topolaunch and every rank's children are there (the watchdog looks once a second).
+    # Every rank's worker and children are there (the watchdog looks once a second). The count
+    # leaves out topolaunch and its watchdog: counting them let the wait end one sleep early.
+    def worker_side(found):
+        return [(p, c) for p, c in found if p != proc.pid and c != "topolaunch-wd"]
+
     deadline = time.monotonic() + 30
-    while len(job_processes(marker)) < 1 + RANKS * (1 + STARTED_PER_RANK):
+    while len(worker_side(job_processes(marker))) < RANKS * (1 + STARTED_PER_RANK):
         check(time.monotonic() < deadline and proc.poll() is None,
               f"the ranks did not start their children: {job_processes(marker)}")
         time.sleep(0.05)
@@ -161,9 +165,13 @@ def main():
         check(any(c.rsplit("/", 1)[-1].startswith(f"topolaunch.{top}.") for c in cgroups),
               f"no process is in a cgroup of topolaunch {top} (it is in {own}): {cgroups}")
         job_cgroup = [c for c in cgroups if c.rsplit("/", 1)[-1].startswith(f"topolaunch.{top}.")]
-        in_job = [p for p, _ in seen if cgroup_of(p) in job_cgroup]
-        check(len(in_job) >= RANKS * (1 + STARTED_PER_RANK),
-              f"{len(in_job)} processes in {job_cgroup}, expected every worker's: {seen}")
+        # A short-lived subshell may be gone by now (no cgroup): every live one must be inside.
+        workers = {p: cgroup_of(p) for p, _ in worker_side(seen)}
+        in_job = [p for p, c in workers.items() if c in job_cgroup]
+        outside = {p: c for p, c in workers.items() if c is not None and c not in job_cgroup}
+        check(not outside and len(in_job) >= RANKS * (1 + STARTED_PER_RANK),
+              f"{len(in_job)} processes in {job_cgroup}, outside it {outside}; expected every "
+              f"worker's: {seen}")
         print(f"cgroup {job_cgroup[0]}: {len(in_job)} processes of {RANKS} ranks")
 
     if ending == "kill9":
