@@ -2,7 +2,6 @@
 #include "topolaunch/launcher/agent_wireup.hpp"
 
 #include <fmt/format.h>
-#include <openssl/evp.h>
 
 #include <algorithm>
 #include <charconv>
@@ -11,6 +10,7 @@
 #include <sstream>
 
 #include "topolaunch/topology/serialize.hpp"
+#include "topolaunch/wireup/digest.hpp"
 
 namespace topolaunch::launcher {
 namespace {
@@ -140,12 +140,7 @@ bool is_agent_pmi_variable(std::string_view name) {
 }
 
 std::string topology_fingerprint(std::string_view topology_json) {
-  unsigned char digest[EVP_MAX_MD_SIZE];
-  unsigned int length = 0;
-  EVP_Digest(topology_json.data(), topology_json.size(), digest, &length, EVP_sha256(), nullptr);
-  std::string hex;
-  for (unsigned int i = 0; i < 16 && i < length; ++i) hex += fmt::format("{:02x}", digest[i]);
-  return hex;
+  return wireup::sha256_hex(topology_json, 16);
 }
 
 namespace {

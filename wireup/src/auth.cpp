@@ -1,39 +1,22 @@
 #include "auth.hpp"
 
-#include <openssl/crypto.h>
-#include <openssl/evp.h>
-#include <openssl/hmac.h>
-#include <openssl/rand.h>
-
-#include <stdexcept>
-
+#include "crypto.hpp"
 #include "frame.hpp"
 
 namespace topolaunch::wireup::auth {
 
 Bytes hmac_sha256(std::string_view secret, std::span<const std::byte> message) {
-  Bytes mac(EVP_MAX_MD_SIZE);
-  unsigned int mac_bytes = 0;
-  if (HMAC(EVP_sha256(), secret.data(), static_cast<int>(secret.size()),
-           reinterpret_cast<const unsigned char*>(message.data()), message.size(),
-           reinterpret_cast<unsigned char*>(mac.data()), &mac_bytes) == nullptr) {
-    throw std::runtime_error("openssl hmac-sha256 failed");  // only on allocation failure
-  }
-  mac.resize(mac_bytes);
-  return mac;
+  return crypto::hmac_sha256(secret, message);
 }
 
 Bytes random_nonce() {
   Bytes nonce(proto::kNonceBytes);
-  if (RAND_bytes(reinterpret_cast<unsigned char*>(nonce.data()), static_cast<int>(nonce.size())) !=
-      1) {
-    throw std::runtime_error("openssl RAND_bytes failed: no entropy");
-  }
+  crypto::random_bytes(nonce);
   return nonce;
 }
 
 bool equal_constant_time(std::span<const std::byte> a, std::span<const std::byte> b) {
-  return a.size() == b.size() && CRYPTO_memcmp(a.data(), b.data(), a.size()) == 0;
+  return crypto::equal_constant_time(a, b);
 }
 
 Bytes client_proof(std::string_view secret, std::span<const std::byte> server_nonce,

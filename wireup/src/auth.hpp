@@ -1,5 +1,5 @@
 // Private: the challenge/response that proves knowledge of the per-job secret (HMAC-SHA256,
-// OpenSSL libcrypto). Both sides prove it: the client over the server's nonce (with its rank and
+// crypto.hpp). Both sides prove it: the client over the server's nonce (with its rank and
 // world size bound in), the server over the client's nonce, so neither talks to an impostor.
 #pragma once
 
