@@ -108,7 +108,10 @@ class ScaleSuite(slurm_suite.Suite):
                     '[wireup]\nbackend = "%s"\n' % (backend, RANKS_PER_NODE, backend))
         topo = os.path.join(self.cluster.dir, "topo", "%n.xml")
         lines = ["#!/bin/bash", "#SBATCH -N %d" % len(self.nodes),
-                 "#SBATCH -o %s/out.txt" % base, "now() { date +%s%N; }"]
+                 "#SBATCH -o %s/out.txt" % base, "now() { date +%s%N; }",
+                 # The whole host's CPU (every emulated node is on it), in USER_HZ ticks:
+                 # user + nice + system + irq + softirq of /proc/stat's first line.
+                 "busy() { awk '/^cpu /{print $2+$3+$4+$7+$8}' /proc/stat; }"]
         # Peers in the same allocation: plain srun of the workers, and (pmix, pmi2) srun with the
         # same --mpi plugin, whose own start-up cost the agents' step pays too.
         peers = [("peer", "srun")]
@@ -121,13 +124,14 @@ class ScaleSuite(slurm_suite.Suite):
         for i in range(self.args.repeats):
             for kind, srun in peers:
                 lines += ["mkdir -p %s/%s-%d" % (base, kind, i),
-                          "t=$(now); BENCH_STARTS_DIR=%s/%s-%d %s -N%d -n%d %s; "
-                          "echo \"%s %d $t $? $(now)\"" % (base, kind, i, srun, len(self.nodes),
-                                                          self.ranks, self.args.starter, kind, i)]
+                          "c=$(busy); t=$(now); BENCH_STARTS_DIR=%s/%s-%d %s -N%d -n%d %s; "
+                          "echo \"%s %d $t $? $(now) $c $(busy)\""
+                          % (base, kind, i, srun, len(self.nodes), self.ranks, self.args.starter,
+                             kind, i)]
             lines += [
                 "mkdir -p %s/topolaunch-%d" % (base, i),
-                "t=$(now); BENCH_STARTS_DIR=%s/topolaunch-%d %s run %s -q --job-dir %s/job-t%d "
-                "--topology %s -- %s; echo \"topolaunch %d $t $? $(now)\""
+                "c=$(busy); t=$(now); BENCH_STARTS_DIR=%s/topolaunch-%d %s run %s -q --job-dir "
+                "%s/job-t%d --topology %s -- %s; echo \"topolaunch %d $t $? $(now) $c $(busy)\""
                 % (base, i, self.args.topolaunch, config, base, i, topo, self.args.starter, i)]
         lines += ["%s run %s -q --job-dir %s/job --topology %s -- %s --exchange --sleep 0.5; "
                   "echo \"checked run exit $?\"" % (self.args.topolaunch, config, base, topo,
@@ -143,6 +147,8 @@ class ScaleSuite(slurm_suite.Suite):
               "sbatch failed (%d): %s %s" % (proc.returncode, proc.stderr.strip(), out[-3000:]))
         self.check_run(backend, os.path.join(base, "job"), out)
         times = {"topolaunch": [], "peer": [], "peermpi": []}
+        host_cpu = {"topolaunch": [], "peer": [], "peermpi": []}  # ms, command to its end
+        tick_ms = 1000.0 / os.sysconf("SC_CLK_TCK")
         starts_at = {}  # timed topolaunch launch -> its command's start (ns since the epoch)
         floor_ms = None
         for line in out.splitlines():
@@ -150,8 +156,9 @@ class ScaleSuite(slurm_suite.Suite):
             if len(words) == 5 and words[0] == "floor":
                 check(words[3] == "0", "srun ... topolaunch check exited %s" % words[3])
                 floor_ms = round((int(words[4]) - int(words[2])) / 1e6, 1)
-            if len(words) == 5 and words[0] in times:
+            if len(words) == 7 and words[0] in times:
                 kind, i, t0, status = words[0], int(words[1]), int(words[2]), words[3]
+                host_cpu[kind].append(round((int(words[6]) - int(words[5])) * tick_ms))
                 check(status == "0", "%s launch %d exited %s" % (kind, i, status))
                 started, ms = self.starts_ms(os.path.join(base, "%s-%d" % (kind, i)), t0)
                 check(started == self.ranks, "%s launch %d started %d of %d workers"
@@ -169,7 +176,12 @@ class ScaleSuite(slurm_suite.Suite):
                 "ratio": round(statistics.median(ours) / statistics.median(peer), 3),
                 "agents_step_floor": "srun -N%d -n%d topolaunch check (wall)" % (len(self.nodes),
                                                                                 len(self.nodes)),
-                "agents_step_floor_ms": floor_ms}
+                "agents_step_floor_ms": floor_ms,
+                # CPU of the whole host from each command to its end (teardown included): on 2
+                # cores a launch is CPU-bound, and this is the budget the wall time follows.
+                "host_cpu_ms": host_cpu["topolaunch"], "peer_host_cpu_ms": host_cpu["peer"],
+                "host_cpu_ratio": round(statistics.median(host_cpu["topolaunch"]) /
+                                        max(1, statistics.median(host_cpu["peer"])), 3)}
         if times["peermpi"]:
             line.update({"peer_same_mpi": "srun --mpi=%s -N%d -n%d" % (backend, len(self.nodes),
                                                                          self.ranks),
