@@ -16,130 +16,16 @@
 
 #include "topolaunch/common/isolated.hpp"
 #include "topolaunch/topology/discover.hpp"
+#include "topolaunch/topology/import_cache.hpp"
 #include "topolaunch/topology/serialize.hpp"
-
-#ifndef TOPOLAUNCH_VERSION
-#error "TOPOLAUNCH_VERSION: set by meson"
-#endif
 
 namespace topolaunch::spank {
 namespace {
 
 using topology::NodeTopology;
+namespace import_cache = topology::import_cache;
 
-constexpr std::string_view kFormat = "topolaunch-topology-cache 1";
 constexpr std::size_t kMaxOutputBytes = 512u << 20;
-
-// The child runs inside slurmstepd's address space after fork: plain system calls for its files
-// (no iostreams or stdio, whose locks another thread may have held at the fork).
-// Regular files only: a FIFO or a device in the cache's place would block or never end.
-std::optional<std::string> read_all(const std::string& path, int flags) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK | flags);
-  if (fd < 0) return std::nullopt;
-  struct stat st {};
-  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
-    ::close(fd);
-    errno = EINVAL;
-    return std::nullopt;
-  }
-  std::string text;
-  char buffer[1 << 16];
-  for (;;) {
-    const ssize_t n = ::read(fd, buffer, sizeof buffer);
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) {
-      ::close(fd);
-      return std::nullopt;
-    }
-    if (n == 0) break;
-    text.append(buffer, static_cast<std::size_t>(n));
-  }
-  ::close(fd);
-  return text;
-}
-
-// A node file's bytes; when it cannot be read, the direct loader's own words naming it (a
-// missing file, a directory). Anything else not regular is refused before an open could block.
-Result<std::string> node_file_bytes(const std::string& path) {
-  struct stat st {};
-  if (::stat(path.c_str(), &st) == 0 && !S_ISREG(st.st_mode) && !S_ISDIR(st.st_mode)) {
-    return make_error(path + ": not a regular file, expected an hwloc xml or topology json file");
-  }
-  if (auto bytes = read_all(path, 0)) return std::move(*bytes);
-  auto direct = topology::load_topology_file(path);
-  return make_error(direct ? "cannot read topology file " + path : direct.error().message);
-}
-
-// Written to a temporary name and renamed: a reader sees the whole entry or none.
-Status write_entry(const std::string& dir, const std::string& name, std::string_view bytes) {
-  const std::string final_path = dir + "/" + name;
-  const std::string temporary = dir + "/." + name + "." + std::to_string(::getpid());
-  const int fd =
-      ::open(temporary.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC, 0600);
-  if (fd < 0) return make_error(fmt::format("{}: {}", temporary, std::strerror(errno)));
-  std::size_t done = 0;
-  while (done < bytes.size()) {
-    const ssize_t n = ::write(fd, bytes.data() + done, bytes.size() - done);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) {
-      const int saved = errno;
-      ::close(fd);
-      ::unlink(temporary.c_str());
-      return make_error(fmt::format("{}: {}", temporary, std::strerror(saved)));
-    }
-    done += static_cast<std::size_t>(n);
-  }
-  if (::close(fd) != 0 || ::rename(temporary.c_str(), final_path.c_str()) != 0) {
-    const int saved = errno;
-    ::unlink(temporary.c_str());
-    return make_error(fmt::format("{}: {}", final_path, std::strerror(saved)));
-  }
-  return ok_status();
-}
-
-// 128 bits of FNV-1a (two bases). The cache's inputs are the site's own files under a directory
-// only root writes, so the key needs no resistance to a forger, only to chance: at the few
-// thousand distinct files a site has, a collision by chance is below 1e-30.
-std::string key_of(std::string_view bytes) {
-  auto fnv = [&](std::uint64_t hash) {
-    for (const unsigned char c : bytes) {
-      hash ^= c;
-      hash *= 0x100000001b3ULL;
-    }
-    return hash;
-  };
-  return fmt::format("{:016x}{:016x}", fnv(0xcbf29ce484222325ULL),
-                     fnv(0x6c62272e07bb0142ULL ^ bytes.size()));
-}
-
-std::string signature_of(const struct stat& st) {
-  return fmt::format("{} {} {} {}.{:09} {}.{:09}", st.st_dev, st.st_ino, st.st_size,
-                     st.st_mtim.tv_sec, st.st_mtim.tv_nsec, st.st_ctim.tv_sec, st.st_ctim.tv_nsec);
-}
-
-// A directory the cache may trust: a real directory (not a link) of this identity that no one
-// else can write. Created when missing (its parent must exist).
-Status trusted_directory(const std::string& path) {
-  struct stat st {};
-  if (::lstat(path.c_str(), &st) != 0 && errno == ENOENT) {
-    if (::mkdir(path.c_str(), 0700) != 0 && errno != EEXIST) {
-      return make_error(fmt::format("cannot create {}: {}", path, std::strerror(errno)));
-    }
-  }
-  if (::lstat(path.c_str(), &st) != 0) {
-    return make_error(fmt::format("{}: {}", path, std::strerror(errno)));
-  }
-  if (!S_ISDIR(st.st_mode)) return make_error(fmt::format("{} is not a directory", path));
-  if (st.st_uid != ::geteuid()) {
-    return make_error(
-        fmt::format("{} belongs to uid {}, not to uid {}", path, st.st_uid, ::geteuid()));
-  }
-  if ((st.st_mode & 022) != 0) {
-    return make_error(
-        fmt::format("{} is writable by group or others (mode {:o})", path, st.st_mode & 07777));
-  }
-  return ok_status();
-}
 
 // What the child sends back, one record per line; a topology as its length and its bytes:
 //   U <why>                       the cache cannot be used (the only record)
@@ -178,14 +64,10 @@ Result<std::string> cache_child(const SiteConfig& site, const std::vector<std::s
     return topo;
   };
   const std::string& root = site.topology_cache;
-  for (const std::string& dir : {root, root + "/files", root + "/topologies"}) {
-    if (auto trusted = trusted_directory(dir); !trusted) {
-      return "U " + trusted.error().message + "\n";
-    }
+  if (auto trusted = import_cache::trusted_cache_directory(root); !trusted) {
+    return "U " + trusted.error().message + "\n";
   }
-  const std::string salt =
-      fmt::format("{}\ntopolaunch {}\njson {}\nnics {}\n", kFormat, TOPOLAUNCH_VERSION,
-                  topology::kTopologyJsonVersion, site.nics_text);
+  const std::string salt = import_cache::salt(site.nics_text);
   topology::DiscoverOptions options;
   options.nics = site.nics;
 
@@ -196,52 +78,15 @@ Result<std::string> cache_child(const SiteConfig& site, const std::vector<std::s
   int imported = 0;
   for (const std::string& node : nodes) {
     const std::string path = expand_node_pattern(site.topology_xml, node);
-    struct stat st {};
-    if (::stat(path.c_str(), &st) != 0 || !S_ISREG(st.st_mode)) {
-      return "E " + node_file_bytes(path).error().message + "\n";
-    }
-    const std::string signature = signature_of(st);
-    const std::string index_name = key_of(path);
-    std::string key;
-    // The index entry: format, path, signature, key.
-    if (auto entry = read_all(root + "/files/" + index_name, O_NOFOLLOW)) {
-      const std::string expected = fmt::format("{}\n{}\n{}\n", kFormat, path, signature);
-      if (entry->size() == expected.size() + 33 && entry->starts_with(expected) &&
-          entry->back() == '\n') {
-        key = entry->substr(expected.size(), 32);
-      }
-    }
-    // A cached import is parsed once here before it is trusted: a cut or altered entry is
-    // imported again from the file, not handed to the plan.
-    auto cached_import = [&](const std::string& candidate) {
-      if (json_by_key.contains(candidate)) return true;
-      auto json = read_all(root + "/topologies/" + candidate + ".json", O_NOFOLLOW);
-      if (!json || !topology::from_json(*json, candidate)) return false;
-      json_by_key.emplace(candidate, std::move(*json));
-      return true;
-    };
-    if (!key.empty() && !cached_import(key)) key.clear();
-    if (key.empty()) {
-      auto bytes = node_file_bytes(path);
-      if (!bytes) return "E " + bytes.error().message + "\n";
-      key = key_of(salt + *bytes);
-      if (!cached_import(key)) {
-        auto topo = import_as_job_user(*bytes, path, options);
-        if (!topo) return "E " + topo.error().message + "\n";
-        std::string json = topology::to_json(*topo);
-        if (auto ok = write_entry(root + "/topologies", key + ".json", json);
-            !ok && written.empty())
-          written = ok.error().message;
-        json_by_key.emplace(key, std::move(json));
-        ++imported;
-      }
-      const std::string entry = fmt::format("{}\n{}\n{}\n{}\n", kFormat, path, signature, key);
-      if (auto ok = write_entry(root + "/files", index_name, entry); !ok && written.empty())
-        written = ok.error().message;
-    } else {
-      ++from_cache;
-    }
-    nodes_out += fmt::format("N {} {}\n", node, key);
+    auto found = import_cache::lookup(
+        root, path, salt,
+        [&](const std::string& bytes) { return import_as_job_user(bytes, path, options); },
+        &json_by_key);
+    if (!found) return "E " + found.error().message + "\n";
+    from_cache += found->from_cache ? 1 : 0;
+    imported += found->imported ? 1 : 0;
+    if (written.empty()) written = found->write_error;
+    nodes_out += fmt::format("N {} {}\n", node, found->key);
   }
   std::string out = std::move(nodes_out);
   for (const auto& [key, json] : json_by_key) {
@@ -361,7 +206,7 @@ Result<StepTopologies> load_step_topologies_direct(const SiteConfig& site,
   }
   for (const std::string& node : order) {
     const std::string path = expand_node_pattern(site.topology_xml, node);
-    auto bytes = node_file_bytes(path);
+    auto bytes = import_cache::topology_file_bytes(path);
     if (!bytes) return bytes.error();
     if (auto known = by_bytes.find(*bytes); known != by_bytes.end()) {
       result.by_node[node] = known->second;

@@ -5,15 +5,8 @@
 // file and reads its index entry (~150 B); a file is read and imported only when it changed or is
 // new to this node, and the nodes whose files have the same bytes share one parse of one JSON.
 //
-// Layout under the cache directory (owned by the process's real user, root under slurmstepd, and
-// writable by no one else; created 0700 when missing, its parent must exist):
-//   files/<hash of the path>     the path, its stat signature (device, inode, size, mtime,
-//                                ctime) when it was read, and the key of its bytes
-//   topologies/<key>.json        the topology imported from those bytes, as lossless JSON
-// The key covers the bytes, the NIC filter and the JSON format, so a changed file, filter or
-// format never reads an old import. Entries are written to a temporary name and renamed. Nothing
-// is evicted: an index entry per file, rewritten in place, and one JSON (~15 KB) per distinct
-// file content this node has seen; deleting the directory at any time costs one import each.
+// The cache's layout and keys: topolaunch/topology/import_cache.hpp (shared with the agents'
+// cache of their own node's file). Here the directory is root's, under slurmstepd.
 #pragma once
 
 #include <map>

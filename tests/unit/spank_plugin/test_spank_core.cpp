@@ -368,6 +368,27 @@ TEST_CASE("topology cache: a changed file or a damaged entry is imported again")
   }
 }
 
+TEST_CASE("topology cache: a NIC filter changed in plugstack.conf never reads the old import") {
+  CacheFixture f;
+  REQUIRE(load_step_topologies(f.site, kThreeNodes, "n1").ok());
+  // The index entries of unchanged files once led to the import made under the old filter.
+  f.site.nics_text = "^mlx5_0";
+  f.site.nics.exclude = {"mlx5_0"};
+  auto after = load_step_topologies(f.site, kThreeNodes, "n1");
+  REQUIRE(after.ok());
+  REQUIRE(after->unusable.empty());
+  CHECK(after->imported == 2);
+  CHECK(after->from_cache == 0);
+  topolaunch::topology::DiscoverOptions options;
+  options.hostname = "n1";
+  options.nics = f.site.nics;
+  auto direct = topolaunch::topology::load_topology_file(
+      expand_node_pattern(f.site.topology_xml, "n1"), options);
+  REQUIRE(direct.ok());
+  CHECK(topolaunch::topology::to_json(*after->by_node.at("n1")) ==
+        topolaunch::topology::to_json(*direct));
+}
+
 TEST_CASE("topology cache: an unsafe directory is not used, a missing node file is an error") {
   CacheFixture f;
   SECTION("writable by others") {
