@@ -7,6 +7,7 @@
 #include <netinet/in.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <fmt/format.h>
@@ -22,6 +23,7 @@
 
 #include "process.hpp"
 #include "topolaunch/topology/discover.hpp"
+#include "topolaunch/topology/import_cache.hpp"
 #include "topolaunch/topology/serialize.hpp"
 
 namespace topolaunch::launcher {
@@ -194,6 +196,56 @@ Result<int> env_count(const char* name, const char* fallback_name) {
   return env_int(name, *fallback, 1);
 }
 
+TopologyCacheDir topology_cache_dir() {
+  TopologyCacheDir out;
+  if (auto named = env_value(kTopologyCacheVariable)) {
+    out.explicit_setting = true;
+    if (*named != "off") out.path = *named;
+    return out;
+  }
+  // The XDG cache of the job user, created 0700 on the way (~/.cache may not exist yet).
+  std::string base;
+  if (auto xdg = env_value("XDG_CACHE_HOME"); xdg && xdg->starts_with('/')) {
+    base = *xdg;
+  } else if (auto home = env_value("HOME"); home && home->starts_with('/')) {
+    base = *home + "/.cache";
+  } else {
+    return out;  // no home: no cache
+  }
+  ::mkdir(base.c_str(), 0700);
+  ::mkdir((base + "/topolaunch").c_str(), 0700);
+  out.path = base + "/topolaunch/topology-cache";
+  return out;
+}
+
+Result<topology::NodeTopology> load_topology_file_cached(const std::string& path,
+                                                         const topology::DiscoverOptions& options,
+                                                         std::string_view nics_text,
+                                                         const TopologyCacheDir& cache) {
+  namespace import_cache = topology::import_cache;
+  if (cache.path.empty()) return topology::load_topology_file(path, options);
+  if (auto trusted = import_cache::trusted_cache_directory(cache.path); !trusted) {
+    // A directory named on purpose that cannot be used is said; the default one falls back
+    // quietly (a job must not fail, nor every node print a line, for its cache).
+    if (cache.explicit_setting) {
+      std::fprintf(stderr, "topolaunch: %s=%s: not used: %s\n", kTopologyCacheVariable,
+                   cache.path.c_str(), trusted.error().message.c_str());
+    }
+    return topology::load_topology_file(path, options);
+  }
+  auto found = import_cache::lookup(cache.path, path, import_cache::salt(nics_text),
+                                    [&](const std::string& bytes) {
+                                      return topology::load_topology_buffer(bytes, path, options);
+                                    });
+  if (!found) return found.error();
+  auto topo = topology::from_json(found->json, path);
+  if (!topo) return topology::load_topology_file(path, options);  // checked at lookup; not seen
+  // The import was of the same bytes, perhaps under another path: this file's name.
+  topo->sources.origin = path;
+  if (!options.hostname.empty()) topo->hostname = options.hostname;
+  return topo;
+}
+
 // This node's input to the rank map: its topology (live, or a file where "%n" is the node name)
 // and what the job may use here.
 Result<topology::NodeInput> local_node_input(const RunOptions& options,
@@ -205,8 +257,10 @@ Result<topology::NodeInput> local_node_input(const RunOptions& options,
   for (std::size_t at; (at = topology_path.find("%n")) != std::string::npos;) {
     topology_path.replace(at, 2, node_name);
   }
-  auto topo = topology_path.empty() ? topology::discover_live(discover_options)
-                                    : topology::load_topology_file(topology_path, discover_options);
+  auto topo = topology_path.empty()
+                  ? topology::discover_live(discover_options)
+                  : load_topology_file_cached(topology_path, discover_options,
+                                              config.rdma.nics_text, topology_cache_dir());
   if (!topo) return topo.error();
   // A NIC named that this node lacks: the preflight stage names it when it runs; without it the
   // map would leave it out (with a warning at most) and the job would run without that NIC.

@@ -78,6 +78,24 @@ inline constexpr const char* kMpiWithoutLauncherPhase = "mpi-without-launcher";
 // move to <job_dir>/earlier/<n>/.
 Result<Job> prepare_job(const RunOptions& options, const std::string& run_id);
 
+// The import cache for topology files (topolaunch/topology/import_cache.hpp) of the user that
+// runs topolaunch: $TOPOLAUNCH_TOPOLOGY_CACHE (a directory, or "off"), else
+// $XDG_CACHE_HOME/topolaunch/topology-cache, else ~/.cache/topolaunch/topology-cache.
+inline constexpr const char* kTopologyCacheVariable = "TOPOLAUNCH_TOPOLOGY_CACHE";
+struct TopologyCacheDir {
+  std::string path;               // empty: no cache
+  bool explicit_setting = false;  // named in the environment: an unusable one is said
+};
+TopologyCacheDir topology_cache_dir();
+
+// A topology file (hwloc XML or topology JSON) through that cache: its import read back when
+// the file's bytes were imported before (~0.4 ms of CPU against ~4 ms for an XML's import);
+// without a usable cache, the file loaded directly. Errors name the file, as a direct load's do.
+Result<topology::NodeTopology> load_topology_file_cached(const std::string& path,
+                                                         const topology::DiscoverOptions& options,
+                                                         std::string_view nics_text,
+                                                         const TopologyCacheDir& cache);
+
 // This node's NodeInput for the rank map: options.topology_path ("%n" = node_name) or the live
 // topology, and this process's allocation.
 Result<topology::NodeInput> local_node_input(const RunOptions& options,

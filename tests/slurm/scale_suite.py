@@ -111,7 +111,10 @@ class ScaleSuite(slurm_suite.Suite):
                  "#SBATCH -o %s/out.txt" % base, "now() { date +%s%N; }",
                  # The whole host's CPU (every emulated node is on it), in USER_HZ ticks:
                  # user + nice + system + irq + softirq of /proc/stat's first line.
-                 "busy() { awk '/^cpu /{print $2+$3+$4+$7+$8}' /proc/stat; }"]
+                 "busy() { awk '/^cpu /{print $2+$3+$4+$7+$8}' /proc/stat; }",
+                 # The job user (nobody) has no home: its topology import cache (the agents'
+                 # --topology files, launcher/src/job.hpp) goes where a user's ~/.cache would.
+                 "export XDG_CACHE_HOME=%s/xdg-cache" % base]
         # Peers in the same allocation: plain srun of the workers, and (pmix, pmi2) srun with the
         # same --mpi plugin, whose own start-up cost the agents' step pays too.
         peers = [("peer", "srun")]
