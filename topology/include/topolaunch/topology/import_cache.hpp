@@ -1,6 +1,6 @@
 // A cache of imported topology files: hwloc's import of a node's XML costs ~4 ms of CPU (a
-// forked child, the parse, the JSON back), its cached JSON ~0.4 ms to read. Used by the SPANK
-// plugin (every node's file, in a root-only directory under slurmstepd) and by `topolaunch
+// forked child, the parse, the JSON back), its cached import ~0.8 ms to read back. Used by the
+// SPANK plugin (every node's file, in a root-only directory under slurmstepd) and by `topolaunch
 // agent` (its own node's file, in a directory of the job user's).
 //
 // Layout under a cache directory (owned by the process's effective user, writable by no one
