@@ -238,12 +238,13 @@ Result<topology::NodeTopology> load_topology_file_cached(const std::string& path
                                       return topology::load_topology_buffer(bytes, path, options);
                                     });
   if (!found) return found.error();
-  auto topo = topology::from_json(found->json, path);
-  if (!topo) return topology::load_topology_file(path, options);  // checked at lookup; not seen
+  // Without `known`, lookup parsed (or imported) the topology it returns.
+  if (!found->topology) return topology::load_topology_file(path, options);
+  std::optional<topology::NodeTopology>& topo = found->topology;
   // The import was of the same bytes, perhaps under another path: this file's name.
   topo->sources.origin = path;
   if (!options.hostname.empty()) topo->hostname = options.hostname;
-  return topo;
+  return std::move(*topo);
 }
 
 // This node's input to the rank map: its topology (live, or a file where "%n" is the node name)

@@ -165,7 +165,10 @@ Result<Lookup> lookup(const std::string& root, const std::string& path, const st
   auto cached_import = [&](const std::string& candidate) {
     if (json_by_key.contains(candidate)) return true;
     auto json = read_regular_file(root + "/topologies/" + candidate + ".json", O_NOFOLLOW);
-    if (!json || !from_json(*json, candidate)) return false;
+    if (!json) return false;
+    auto parsed = from_json(*json, candidate);
+    if (!parsed) return false;
+    out.topology = std::move(*parsed);  // parsed once, to check it: the caller may keep it
     json_by_key.emplace(candidate, std::move(*json));
     return true;
   };
@@ -179,6 +182,7 @@ Result<Lookup> lookup(const std::string& root, const std::string& path, const st
       auto topo = import(*bytes);
       if (!topo) return topo.error();
       std::string json = to_json(*topo);
+      out.topology = std::move(*topo);
       if (auto ok = write_entry(root + "/topologies", out.key + ".json", json); !ok)
         out.write_error = ok.error().message;
       json_by_key.emplace(out.key, std::move(json));

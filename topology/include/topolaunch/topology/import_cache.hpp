@@ -61,6 +61,9 @@ struct Lookup {
   bool from_cache = false;  // the index entry matched the file's stat signature
   bool imported = false;    // `import` ran (new or changed bytes)
   std::string write_error;  // an entry could not be written (the result stands)
+  // The topology when this call parsed or imported it (not when `known` already held its JSON):
+  // a caller that wants the object need not parse the JSON again.
+  std::optional<NodeTopology> topology;
 };
 
 // One file through the cache under `root` (trusted_cache_directory first). `import` turns the
