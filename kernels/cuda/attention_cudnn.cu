@@ -59,6 +59,11 @@ Result<std::unique_ptr<CudnnAttention>> CudnnAttention::create(std::int64_t, std
 std::size_t CudnnAttention::workspace_bytes() const { return 0; }
 std::size_t CudnnAttention::forward_engine_workspace_bytes() const { return 0; }
 std::size_t CudnnAttention::backward_engine_workspace_bytes() const { return 0; }
+int CudnnAttention::candidates(bool) const { return 0; }
+int CudnnAttention::selected(bool) const { return 0; }
+std::int64_t CudnnAttention::candidate_engine(bool, int) const { return -1; }
+std::string CudnnAttention::candidate_description(bool, int) const { return ""; }
+void CudnnAttention::select(bool, int) {}
 std::string CudnnAttention::version() const { return "not built"; }
 Status CudnnAttention::forward(__nv_bfloat16*, float*, const __nv_bfloat16*, void*,
                                cudaStream_t) const {
@@ -516,16 +521,146 @@ Result<Shape> shape_of(std::int64_t B, std::int64_t T, std::int64_t C, std::int6
   return s;
 }
 
-// One execution plan of a finalized operation graph: the first engine configuration of the
-// heuristics `mode` that finalizes (the order cuDNN ranks them in).
+// One execution plan of a finalized operation graph for one engine configuration.
 struct Plan {
   Descriptor plan;
   std::int64_t workspace = 0;
   std::int64_t engine = -1;  // the engine's global index, for the version line
+  std::string what;          // "heuristics A #0", "engine 2 knobs 3=1,7=0"
 };
 
-Result<Plan> make_plan(cudnnHandle_t handle, const Descriptor& graph, const std::string& what,
-                       cudnnBackendHeurMode_t mode) {
+// The plan of engine configuration `cfg`, or its status; engine: the config's engine, when known.
+cudnnStatus_t finalize_plan(cudnnHandle_t handle, cudnnBackendDescriptor_t cfg, Plan& p) {
+  p.plan = Descriptor(CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR);
+  cudnnStatus_t st = p.plan.status();
+  if (st == CUDNN_STATUS_SUCCESS)
+    st = cudnnBackendSetAttribute(p.plan.get(), CUDNN_ATTR_EXECUTION_PLAN_HANDLE, CUDNN_TYPE_HANDLE,
+                                  1, &handle);
+  if (st == CUDNN_STATUS_SUCCESS)
+    st = cudnnBackendSetAttribute(p.plan.get(), CUDNN_ATTR_EXECUTION_PLAN_ENGINE_CONFIG,
+                                  CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &cfg);
+  if (st == CUDNN_STATUS_SUCCESS) st = cudnnBackendFinalize(p.plan.get());
+  std::int64_t n = 0;
+  if (st == CUDNN_STATUS_SUCCESS)
+    st = cudnnBackendGetAttribute(p.plan.get(), CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE,
+                                  CUDNN_TYPE_INT64, 1, &n, &p.workspace);
+  return st;
+}
+
+// Engine configurations beyond the heuristics' list: the knob settings of engine `engine_index`
+// (each knob from its minimum to its maximum by its stride, at most kMaxKnobValues values each;
+// at most `room` combinations that finalize, out of at most kMaxKnobTries tried). cuDNN's
+// heuristics rank only some settings of an engine; a setting they leave out can be faster on a
+// given shape. Empty when the engine takes no knobs or none finalizes.
+std::vector<Plan> knob_plans(cudnnHandle_t handle, const Descriptor& graph,
+                             std::int64_t engine_index, std::size_t room) {
+  constexpr std::int64_t kMaxKnobValues = 8;
+  constexpr int kMaxKnobTries = 64;
+  std::vector<Plan> out;
+  Descriptor engine(CUDNN_BACKEND_ENGINE_DESCRIPTOR);
+  cudnnBackendDescriptor_t gd = graph.get();
+  cudnnStatus_t st = engine.status();
+  if (st == CUDNN_STATUS_SUCCESS)
+    st = cudnnBackendSetAttribute(engine.get(), CUDNN_ATTR_ENGINE_OPERATION_GRAPH,
+                                  CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &gd);
+  if (st == CUDNN_STATUS_SUCCESS)
+    st = cudnnBackendSetAttribute(engine.get(), CUDNN_ATTR_ENGINE_GLOBAL_INDEX, CUDNN_TYPE_INT64, 1,
+                                  &engine_index);
+  if (st == CUDNN_STATUS_SUCCESS) st = cudnnBackendFinalize(engine.get());
+  if (st != CUDNN_STATUS_SUCCESS) return out;
+  std::vector<Descriptor> infos;
+  std::vector<cudnnBackendDescriptor_t> raw;
+  for (int i = 0; i < CUDNN_KNOB_TYPE_COUNTS; ++i) {
+    infos.emplace_back(CUDNN_BACKEND_KNOB_INFO_DESCRIPTOR);
+    if (infos.back().status() != CUDNN_STATUS_SUCCESS) return out;
+    raw.push_back(infos.back().get());
+  }
+  std::int64_t count = 0;
+  if (cudnnBackendGetAttribute(engine.get(), CUDNN_ATTR_ENGINE_KNOB_INFO,
+                               CUDNN_TYPE_BACKEND_DESCRIPTOR, CUDNN_KNOB_TYPE_COUNTS, &count,
+                               raw.data()) != CUDNN_STATUS_SUCCESS ||
+      count <= 0)
+    return out;
+  struct Knob {
+    cudnnBackendKnobType_t type;
+    std::vector<std::int64_t> values;
+  };
+  std::vector<Knob> knobs;
+  for (std::int64_t i = 0; i < count; ++i) {
+    Knob k{};
+    std::int64_t n = 0, lo = 0, hi = 0, stride = 1;
+    cudnnBackendDescriptor_t d = raw[static_cast<std::size_t>(i)];
+    if (cudnnBackendGetAttribute(d, CUDNN_ATTR_KNOB_INFO_TYPE, CUDNN_TYPE_KNOB_TYPE, 1, &n,
+                                 &k.type) != CUDNN_STATUS_SUCCESS ||
+        cudnnBackendGetAttribute(d, CUDNN_ATTR_KNOB_INFO_MINIMUM_VALUE, CUDNN_TYPE_INT64, 1, &n,
+                                 &lo) != CUDNN_STATUS_SUCCESS ||
+        cudnnBackendGetAttribute(d, CUDNN_ATTR_KNOB_INFO_MAXIMUM_VALUE, CUDNN_TYPE_INT64, 1, &n,
+                                 &hi) != CUDNN_STATUS_SUCCESS ||
+        cudnnBackendGetAttribute(d, CUDNN_ATTR_KNOB_INFO_STRIDE, CUDNN_TYPE_INT64, 1, &n,
+                                 &stride) != CUDNN_STATUS_SUCCESS)
+      return out;
+    stride = std::max<std::int64_t>(stride, 1);
+    for (std::int64_t v = lo;
+         v <= hi && static_cast<std::int64_t>(k.values.size()) < kMaxKnobValues; v += stride)
+      k.values.push_back(v);
+    if (k.values.empty()) k.values.push_back(lo);
+    knobs.push_back(std::move(k));
+  }
+  // every combination, the first knob varying fastest, until room or the tries run out
+  std::vector<std::size_t> at(knobs.size(), 0);
+  for (int tries = 0; tries < kMaxKnobTries && out.size() < room; ++tries) {
+    std::vector<Descriptor> choices;
+    std::vector<cudnnBackendDescriptor_t> choice_raw;
+    std::string what = "engine " + std::to_string(engine_index) + " knobs";
+    bool ok = true;
+    for (std::size_t i = 0; i < knobs.size() && ok; ++i) {
+      choices.emplace_back(CUDNN_BACKEND_KNOB_CHOICE_DESCRIPTOR);
+      Descriptor& c = choices.back();
+      const std::int64_t value = knobs[i].values[at[i]];
+      ok = c.status() == CUDNN_STATUS_SUCCESS &&
+           cudnnBackendSetAttribute(c.get(), CUDNN_ATTR_KNOB_CHOICE_KNOB_TYPE, CUDNN_TYPE_KNOB_TYPE,
+                                    1, &knobs[i].type) == CUDNN_STATUS_SUCCESS &&
+           cudnnBackendSetAttribute(c.get(), CUDNN_ATTR_KNOB_CHOICE_KNOB_VALUE, CUDNN_TYPE_INT64, 1,
+                                    &value) == CUDNN_STATUS_SUCCESS &&
+           cudnnBackendFinalize(c.get()) == CUDNN_STATUS_SUCCESS;
+      choice_raw.push_back(c.get());
+      what += (i == 0 ? " " : ",") + std::to_string(static_cast<int>(knobs[i].type)) + "=" +
+              std::to_string(value);
+    }
+    if (ok) {
+      Descriptor cfg(CUDNN_BACKEND_ENGINECFG_DESCRIPTOR);
+      cudnnBackendDescriptor_t ed = engine.get();
+      Plan p;
+      if (cfg.status() == CUDNN_STATUS_SUCCESS &&
+          cudnnBackendSetAttribute(cfg.get(), CUDNN_ATTR_ENGINECFG_ENGINE,
+                                   CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &ed) == CUDNN_STATUS_SUCCESS &&
+          cudnnBackendSetAttribute(cfg.get(), CUDNN_ATTR_ENGINECFG_KNOB_CHOICES,
+                                   CUDNN_TYPE_BACKEND_DESCRIPTOR,
+                                   static_cast<std::int64_t>(choice_raw.size()),
+                                   choice_raw.data()) == CUDNN_STATUS_SUCCESS &&
+          cudnnBackendFinalize(cfg.get()) == CUDNN_STATUS_SUCCESS &&
+          finalize_plan(handle, cfg.get(), p) == CUDNN_STATUS_SUCCESS) {
+        p.engine = engine_index;
+        p.what = std::move(what);
+        out.push_back(std::move(p));
+      }
+    }
+    // the next combination
+    std::size_t i = 0;
+    while (i < knobs.size() && ++at[i] == knobs[i].values.size()) at[i++] = 0;
+    if (i == knobs.size()) break;  // all tried
+  }
+  return out;
+}
+
+// Every engine configuration of the heuristics `mode` that finalizes, in the order cuDNN ranks
+// them (at most kMaxCandidates), then up to kMaxKnobCandidates other knob settings of the first
+// one's engine (knob_plans): the first is what cuDNN's own frontend would run; the executor may
+// time the others (CudaExecutor::select_cudnn_candidates).
+constexpr std::int64_t kMaxCandidates = 8;
+constexpr std::size_t kMaxKnobCandidates = 16;
+Result<std::vector<Plan>> make_plans(cudnnHandle_t handle, const Descriptor& graph,
+                                     const std::string& what, cudnnBackendHeurMode_t mode) {
   auto fail = [&](const std::string& step, cudnnStatus_t st) -> Error {
     return make_error("cudnn attention: " + what + ": " + step + ": " + cudnn_message(st), 1);
   };
@@ -561,25 +696,18 @@ Result<Plan> make_plan(cudnnHandle_t handle, const Descriptor& graph, const std:
                                 CUDNN_TYPE_BACKEND_DESCRIPTOR, count, &returned, raw.data());
   if (st != CUDNN_STATUS_SUCCESS) return fail("heuristics results", st);
   std::string last;
-  for (std::int64_t i = 0; i < returned; ++i) {
+  std::vector<Plan> plans;
+  for (std::int64_t i = 0; i < returned && static_cast<std::int64_t>(plans.size()) < kMaxCandidates;
+       ++i) {
     Plan p;
-    p.plan = Descriptor(CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR);
-    if (p.plan.status() != CUDNN_STATUS_SUCCESS) return fail("plan descriptor", p.plan.status());
     cudnnBackendDescriptor_t cfg = raw[static_cast<std::size_t>(i)];
-    st = cudnnBackendSetAttribute(p.plan.get(), CUDNN_ATTR_EXECUTION_PLAN_HANDLE, CUDNN_TYPE_HANDLE,
-                                  1, &handle);
-    if (st == CUDNN_STATUS_SUCCESS)
-      st = cudnnBackendSetAttribute(p.plan.get(), CUDNN_ATTR_EXECUTION_PLAN_ENGINE_CONFIG,
-                                    CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &cfg);
-    if (st == CUDNN_STATUS_SUCCESS) st = cudnnBackendFinalize(p.plan.get());
+    st = finalize_plan(handle, cfg, p);
     if (st != CUDNN_STATUS_SUCCESS) {
       last = cudnn_message(st);
       continue;
     }
+    p.what = std::string("heuristics ") + mode_name + " #" + std::to_string(i);
     std::int64_t n = 0;
-    st = cudnnBackendGetAttribute(p.plan.get(), CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE,
-                                  CUDNN_TYPE_INT64, 1, &n, &p.workspace);
-    if (st != CUDNN_STATUS_SUCCESS) return fail("plan workspace size", st);
     // the engine's index (informational: a failure to read it is not an error)
     Descriptor engine(CUDNN_BACKEND_ENGINE_DESCRIPTOR);
     cudnnBackendDescriptor_t ed = engine.get();
@@ -588,12 +716,19 @@ Result<Plan> make_plan(cudnnHandle_t handle, const Descriptor& graph, const std:
                                  &n, &ed) == CUDNN_STATUS_SUCCESS)
       cudnnBackendGetAttribute(ed, CUDNN_ATTR_ENGINE_GLOBAL_INDEX, CUDNN_TYPE_INT64, 1, &n,
                                &p.engine);
-    return Result<Plan>(std::move(p));
+    plans.push_back(std::move(p));
   }
-  return make_error("cudnn attention: " + what + ": none of the " + std::to_string(returned) +
-                        " engine configurations of heuristics mode " + mode_name +
-                        " finalizes (last: " + last + ")",
-                    1);
+  if (plans.empty())
+    return make_error("cudnn attention: " + what + ": none of the " + std::to_string(returned) +
+                          " engine configurations of heuristics mode " + mode_name +
+                          " finalizes (last: " + last + ")",
+                      1);
+  // then the other knob settings of the first's engine
+  if (plans.front().engine >= 0) {
+    auto more = knob_plans(handle, graph, plans.front().engine, kMaxKnobCandidates);
+    for (auto& p : more) plans.push_back(std::move(p));
+  }
+  return Result<std::vector<Plan>>(std::move(plans));
 }
 
 Status execute(cudnnHandle_t handle, const Descriptor& plan, const std::int64_t* uids,
@@ -647,19 +782,22 @@ Status check_cudnn_attention_descriptors(std::int64_t B, std::int64_t T, std::in
 struct CudnnAttention::Impl {
   Shape shape;
   cudnnHandle_t handle = nullptr;
-  Plan fwd, bwd;
+  std::vector<Plan> fwd_plans, bwd_plans;  // candidates, cuDNN's order; at least one each
+  std::size_t fwd_at = 0, bwd_at = 0;      // the ones in use
+  const Plan& fwd() const { return fwd_plans[fwd_at]; }
+  const Plan& bwd() const { return bwd_plans[bwd_at]; }
   bool memset_dq_accum = false;  // cuDNN before 9.6 expects the accumulator zeroed
   // Sequence lengths (all T) of the padding mask, on the device: 2*B int32, q then kv.
   std::int32_t* seq_lens = nullptr;
   float scale = 1, neg_inf = -std::numeric_limits<float>::infinity(), one = 1;
   ~Impl() {
-    fwd.plan = Descriptor();
-    bwd.plan = Descriptor();
+    fwd_plans.clear();  // the plans before the handle they were made with
+    bwd_plans.clear();
     if (seq_lens != nullptr) cudaFree(seq_lens);
     if (handle != nullptr) cudnnDestroy(handle);
   }
   std::size_t bwd_engine_bytes() const {
-    return align256(static_cast<std::size_t>(std::max<std::int64_t>(bwd.workspace, 0)));
+    return align256(static_cast<std::size_t>(std::max<std::int64_t>(bwd().workspace, 0)));
   }
 };
 
@@ -704,14 +842,14 @@ Result<std::unique_ptr<CudnnAttention>> CudnnAttention::create(std::int64_t B, s
     Descriptor graph = g.operation_graph(impl->handle);
     if (!g.ok()) return make_error("cudnn attention: " + what + ": " + g.error(), 1);
     // mode A (what cuDNN's own frontend asks for), else the fallback list
-    Plan& slot = backward ? impl->bwd : impl->fwd;
-    auto plan = make_plan(impl->handle, graph, what, CUDNN_HEUR_MODE_A);
-    if (plan) {
-      slot = std::move(*plan);
+    std::vector<Plan>& slot = backward ? impl->bwd_plans : impl->fwd_plans;
+    auto plans = make_plans(impl->handle, graph, what, CUDNN_HEUR_MODE_A);
+    if (plans) {
+      slot = std::move(*plans);
       continue;
     }
-    auto fallback = make_plan(impl->handle, graph, what, CUDNN_HEUR_MODE_FALLBACK);
-    if (!fallback) return make_error(plan.error().message + "; " + fallback.error().message, 1);
+    auto fallback = make_plans(impl->handle, graph, what, CUDNN_HEUR_MODE_FALLBACK);
+    if (!fallback) return make_error(plans.error().message + "; " + fallback.error().message, 1);
     slot = std::move(*fallback);
   }
   if (impl->shape.padding) {
@@ -730,10 +868,27 @@ Result<std::unique_ptr<CudnnAttention>> CudnnAttention::create(std::int64_t B, s
 }
 
 std::size_t CudnnAttention::forward_engine_workspace_bytes() const {
-  return static_cast<std::size_t>(std::max<std::int64_t>(impl_->fwd.workspace, 0));
+  return static_cast<std::size_t>(std::max<std::int64_t>(impl_->fwd().workspace, 0));
 }
 std::size_t CudnnAttention::backward_engine_workspace_bytes() const {
-  return static_cast<std::size_t>(std::max<std::int64_t>(impl_->bwd.workspace, 0));
+  return static_cast<std::size_t>(std::max<std::int64_t>(impl_->bwd().workspace, 0));
+}
+
+int CudnnAttention::candidates(bool backward) const {
+  return static_cast<int>((backward ? impl_->bwd_plans : impl_->fwd_plans).size());
+}
+int CudnnAttention::selected(bool backward) const {
+  return static_cast<int>(backward ? impl_->bwd_at : impl_->fwd_at);
+}
+std::int64_t CudnnAttention::candidate_engine(bool backward, int i) const {
+  return (backward ? impl_->bwd_plans : impl_->fwd_plans).at(static_cast<std::size_t>(i)).engine;
+}
+std::string CudnnAttention::candidate_description(bool backward, int i) const {
+  return (backward ? impl_->bwd_plans : impl_->fwd_plans).at(static_cast<std::size_t>(i)).what;
+}
+void CudnnAttention::select(bool backward, int i) {
+  const std::size_t at = static_cast<std::size_t>(std::clamp(i, 0, candidates(backward) - 1));
+  (backward ? impl_->bwd_at : impl_->fwd_at) = at;
 }
 
 std::size_t CudnnAttention::workspace_bytes() const {
@@ -746,8 +901,8 @@ std::size_t CudnnAttention::workspace_bytes() const {
 std::string CudnnAttention::version() const {
   const std::size_t v = cudnnGetVersion();  // 91400 = 9.14.0
   return "cuDNN " + std::to_string(v / 10000) + "." + std::to_string(v / 100 % 100) + "." +
-         std::to_string(v % 100) + ", backend API, engines " + std::to_string(impl_->fwd.engine) +
-         " (fwd) " + std::to_string(impl_->bwd.engine) + " (bwd)";
+         std::to_string(v % 100) + ", backend API, engines " + std::to_string(impl_->fwd().engine) +
+         " (fwd) " + std::to_string(impl_->bwd().engine) + " (bwd)";
 }
 
 Status CudnnAttention::forward(__nv_bfloat16* y, float* lse, const __nv_bfloat16* qkv,
@@ -759,7 +914,7 @@ Status CudnnAttention::forward(__nv_bfloat16* y, float* lse, const __nv_bfloat16
   const std::int64_t uids[] = {kQ, kK, kV, kO, kStats, kScale, kNegInf};
   void* const pointers[] = {base,     base + m.shape.C, base + 2 * m.shape.C, y, lse,
                             &m.scale, &m.neg_inf};
-  return execute(m.handle, m.fwd.plan, uids, pointers, 7, workspace, "forward");
+  return execute(m.handle, m.fwd().plan, uids, pointers, 7, workspace, "forward");
 }
 
 Status CudnnAttention::backward(__nv_bfloat16* dqkv, const __nv_bfloat16* dy,
@@ -803,7 +958,7 @@ Status CudnnAttention::backward(__nv_bfloat16* dqkv, const __nv_bfloat16* dy,
                       s.padding ? m.seq_lens + s.B : nullptr,
                       &m.neg_inf};
   const std::int64_t count = s.padding ? 17 : 14;
-  return execute(m.handle, m.bwd.plan, uids, pointers, count, ws, "backward");
+  return execute(m.handle, m.bwd().plan, uids, pointers, count, ws, "backward");
 }
 
 #endif

@@ -58,8 +58,20 @@ class CudnnAttention {
   // The engines' own part of workspace_bytes() (forward, backward).
   std::size_t forward_engine_workspace_bytes() const;
   std::size_t backward_engine_workspace_bytes() const;
-  // "cuDNN 9.14.0, backend API, engines 8 (fwd) 9 (bwd)"
+  // "cuDNN 9.14.0, backend API, engines 8 (fwd) 9 (bwd)": the selected configurations' engines
   std::string version() const;
+
+  // The engine configurations that finalized for each graph: cuDNN's heuristic list in its order
+  // (at most 8), then other knob settings of the first one's engine (at most 16). The first is
+  // selected at creation, as cuDNN's frontend would; the executor times them and selects the
+  // fastest (workspace_bytes() and the *_engine_workspace_bytes() follow the selection). Not to
+  // be changed while a captured graph holds the old plan.
+  int candidates(bool backward) const;
+  int selected(bool backward) const;
+  std::int64_t candidate_engine(bool backward, int i) const;  // cuDNN's global engine index
+  // "heuristics A #1", "engine 2 knobs 17=1,24=0" (cuDNN's knob type numbers)
+  std::string candidate_description(bool backward, int i) const;
+  void select(bool backward, int i);  // i clamped to the candidates
 
   // y, lse from qkv (the shape given to create()).
   Status forward(__nv_bfloat16* y, float* lse, const __nv_bfloat16* qkv, void* workspace,

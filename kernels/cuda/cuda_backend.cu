@@ -385,6 +385,7 @@ Status CudaExecutor::init() {
     TL_CUDA_TRY(cudaEventCreateWithFlags(&gather_done_[i], cudaEventDisableTiming), "event");
   }
   fuse_gelu_pairs();
+  fuse_bias_gradients();
   TL_STATUS_TRY(build_multi_tensor_tables());
   const std::size_t n_buckets = plan_.comm.buckets.size();
   bucket_ready_.assign(n_buckets, nullptr);
@@ -547,6 +548,7 @@ Status CudaExecutor::choose_attention() {
   if (!cud_b) return unavailable(cud_b.error().message);
   ch.cudnn_fwd_ms = *cud_f;
   ch.cudnn_bwd_ms = *cud_b;
+  TL_STATUS_TRY(select_cudnn_candidates());
   // A memory budget is planned for the arena, which holds cuDNN's workspace when the planner gave
   // the attention ops room for it; what cuDNN takes beside (its handle and plans, a separate
   // workspace) sits outside, beside cuBLASLt's workspace, so under a budget auto takes cuDNN only
@@ -585,6 +587,61 @@ Status CudaExecutor::choose_attention() {
   ch.cudnn_fwd_ms = keep_fwd;
   ch.cudnn_bwd_ms = keep_bwd;
   ch.reason = std::string("auto: own faster, ") + line;
+  return ok_status();
+}
+
+// cuDNN ranks its engine configurations by heuristics and its frontend runs the first; on a given
+// shape another can be faster. Each other candidate whose workspace fits where the first's does
+// (the planned attention workspaces, or the separate allocation) is timed on the same operands,
+// and the fastest kept when it beats the first by kCandidateMinGain (timings jitter by ~1%).
+Status CudaExecutor::select_cudnn_candidates() {
+  constexpr double kCandidateMinGain = 0.98;
+  const Graph& g = plan_.graph;
+  AttentionChoice& ch = attention_choice_;
+  auto fits = [&] {
+    for (std::size_t j = 0; j < g.ops.size(); ++j) {
+      const Op& o = g.ops[j];
+      if (o.kind != OpKind::attention_forward && o.kind != OpKind::attention_backward) continue;
+      const std::size_t need = o.kind == OpKind::attention_forward
+                                   ? cudnn_attention_->forward_engine_workspace_bytes()
+                                   : cudnn_attention_->workspace_bytes();
+      const void* at = cudnn_workspace_of_[j];
+      std::size_t have = 0;
+      if (at != nullptr && at == cudnn_workspace_)
+        have = cudnn_workspace_alloc_bytes_;
+      else if (at != nullptr)
+        have = g[o.workspace].bytes();
+      if (need > have) return false;
+    }
+    return true;
+  };
+  for (const bool backward : {false, true}) {
+    const int n = cudnn_attention_->candidates(backward);
+    std::vector<double>& ms = backward ? ch.cudnn_bwd_candidates_ms : ch.cudnn_fwd_candidates_ms;
+    double& chosen_ms = backward ? ch.cudnn_bwd_ms : ch.cudnn_fwd_ms;
+    ms.assign(static_cast<std::size_t>(std::max(n, 0)), -1.0);
+    if (n <= 0) continue;
+    ms[0] = chosen_ms;
+    int best = 0;
+    for (int i = 1; i < n; ++i) {
+      cudnn_attention_->select(backward, i);
+      if (!fits()) continue;
+      auto t = time_attention(true, backward);
+      if (!t) {
+        cudaGetLastError();  // a candidate that fails to run is not taken
+        continue;
+      }
+      ms[static_cast<std::size_t>(i)] = *t;
+      if (*t < ms[static_cast<std::size_t>(best)] * kCandidateMinGain) best = i;
+    }
+    cudnn_attention_->select(backward, best);
+    (backward ? ch.cudnn_bwd_candidate : ch.cudnn_fwd_candidate) = best;
+    (backward ? ch.cudnn_bwd_config : ch.cudnn_fwd_config) =
+        cudnn_attention_->candidate_description(backward, best);
+    chosen_ms = ms[static_cast<std::size_t>(best)];
+  }
+  ch.cudnn_version = cudnn_attention_->version();
+  ch.cudnn_workspace_bytes = cudnn_attention_->workspace_bytes();
   return ok_status();
 }
 
@@ -1032,6 +1089,40 @@ void CudaExecutor::fuse_gelu_pairs() {
   }
 }
 
+// A matmul_backward's bias gradient is the column sums of its dy. Where dy's last writer before
+// it is a layernorm_backward writing it as its dx (the residual stream's gradient, for GPT-2's
+// attention and MLP projections), that kernel takes the sums as it writes dx and the
+// matmul_backward skips its own pass over dy (bias_taken_; fuse_bias_gradients). Parameter
+// gradients are zero from the step's start, so the earlier accumulation lands as the
+// matmul_backward's own would.
+void CudaExecutor::fuse_bias_gradients() {
+  const Graph& g = plan_.graph;
+  layernorm_dx_sum_.assign(g.ops.size(), kNoTensor);
+  bias_taken_.assign(g.ops.size(), 0);
+  if (!options_.fuse_bias_gradients) return;
+  for (std::size_t m = 0; m < g.ops.size(); ++m) {
+    const Op& mb = g.ops[m];
+    if (mb.kind != OpKind::matmul_backward || mb.outputs.size() < 3 || mb.outputs[2] == kNoTensor ||
+        mb.phase != Phase::backward)
+      continue;
+    const TensorId dy = mb.inputs[0], dbias = mb.outputs[2];
+    std::size_t k = m;
+    while (k-- > 0) {
+      const Op& o = g.ops[k];
+      if (std::find(o.outputs.begin(), o.outputs.end(), dy) != o.outputs.end() || o.workspace == dy)
+        break;
+    }
+    if (k >= m) continue;  // no writer before it
+    const Op& w = g.ops[k];
+    if (w.kind == OpKind::layernorm_backward && w.phase == mb.phase && w.outputs[0] == dy &&
+        std::count(w.outputs.begin(), w.outputs.end(), dy) == 1 &&
+        layernorm_dx_sum_[k] == kNoTensor && g[dbias].elements() == g[w.inputs[2]].elements()) {
+      layernorm_dx_sum_[k] = dbias;
+      bias_taken_[m] = 1;
+    }
+  }
+}
+
 Status CudaExecutor::set_values(TensorId t, std::span<const float> values) {
   const Tensor& tensor = plan_.graph[t];
   if (tensor.dtype != DType::f32 || static_cast<std::int64_t>(values.size()) != tensor.elements())
@@ -1309,7 +1400,7 @@ Status CudaExecutor::enqueue_op(std::size_t index, bool communicate, bool fuse, 
       const std::int64_t C = shape(op.inputs[2])[0], N = el(op.inputs[0]) / C;
       err = layernorm_backward(B(op.outputs[0]), F(op.outputs[1]), F(op.outputs[2]),
                                B(op.inputs[0]), B(op.inputs[1]), B(op.inputs[2]), F(op.inputs[3]),
-                               F(op.inputs[4]), N, C, stream_);
+                               F(op.inputs[4]), N, C, stream_, F(layernorm_dx_sum_[index]));
       break;
     }
     case OpKind::matmul_forward: {
@@ -1341,24 +1432,25 @@ Status CudaExecutor::enqueue_op(std::size_t index, bool communicate, bool fuse, 
       const auto& w = shape(op.inputs[2]);
       const std::int64_t OC = w[0], C = w[1], N = el(op.inputs[1]) / C;
       const std::size_t j = gelu_partner_[index];
+      // the bias gradient, unless dy's writer took it (fuse_bias_gradients)
+      float* const dbias = bias_taken_[index] ? nullptr : F(opt(op.outputs, 2));
       if (fp8_site_[index] >= 0 && !fp8_fallback_[index]) {
         const bool gelu = j != kNoPartner && j < range_end_;
         bool done = false;
         TL_STATUS_TRY(fp8_backward(index, B(gelu ? g.ops[j].outputs[0] : op.outputs[0]),
-                                   gelu ? B(g.ops[j].inputs[1]) : nullptr, F(op.outputs[1]),
-                                   F(opt(op.outputs, 2)), B(op.inputs[0]), B(op.inputs[1]),
-                                   B(op.inputs[2]), N, C, OC, overwrite_[index] != 0, &done));
+                                   gelu ? B(g.ops[j].inputs[1]) : nullptr, F(op.outputs[1]), dbias,
+                                   B(op.inputs[0]), B(op.inputs[1]), B(op.inputs[2]), N, C, OC,
+                                   overwrite_[index] != 0, &done));
         if (done) break;
       }
       const cublasStatus_t st =
           j != kNoPartner && j < range_end_
-              ? matmul_->matmul_backward_dgelu(B(g.ops[j].outputs[0]), F(op.outputs[1]),
-                                               F(opt(op.outputs, 2)), B(op.inputs[0]),
-                                               B(op.inputs[1]), B(g.ops[j].inputs[1]),
-                                               B(op.inputs[2]), N, C, OC, stream_)
-              : matmul_->matmul_backward(B(op.outputs[0]), F(op.outputs[1]), F(opt(op.outputs, 2)),
-                                         B(op.inputs[0]), B(op.inputs[1]), B(op.inputs[2]), N, C,
-                                         OC, stream_, overwrite_[index] != 0);
+              ? matmul_->matmul_backward_dgelu(
+                    B(g.ops[j].outputs[0]), F(op.outputs[1]), dbias, B(op.inputs[0]),
+                    B(op.inputs[1]), B(g.ops[j].inputs[1]), B(op.inputs[2]), N, C, OC, stream_)
+              : matmul_->matmul_backward(B(op.outputs[0]), F(op.outputs[1]), dbias, B(op.inputs[0]),
+                                         B(op.inputs[1]), B(op.inputs[2]), N, C, OC, stream_,
+                                         overwrite_[index] != 0);
       if (st != CUBLAS_STATUS_SUCCESS)
         return make_error("cuda backend: " + where() + ": cuBLASLt status " +
                               std::to_string(static_cast<int>(st)),

@@ -14,6 +14,7 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <map>
@@ -74,7 +75,13 @@ const char* attention_impl_name(AttentionImpl impl);  // "auto", "own", "cudnn"
 struct AttentionChoice {
   AttentionImpl chosen = AttentionImpl::own;  // own or cudnn
   double own_fwd_ms = 0, own_bwd_ms = 0;      // median of the timed reps, one op
-  double cudnn_fwd_ms = 0, cudnn_bwd_ms = 0;
+  double cudnn_fwd_ms = 0, cudnn_bwd_ms = 0;  // the selected engine configurations'
+  // cuDNN's engine configurations for the graph, in its heuristic order, each timed (auto): ms,
+  // or -1 where one did not run (its workspace does not fit where the first's does, or it failed);
+  // the selected ones' indexes.
+  std::vector<double> cudnn_fwd_candidates_ms, cudnn_bwd_candidates_ms;
+  int cudnn_fwd_candidate = 0, cudnn_bwd_candidate = 0;
+  std::string cudnn_fwd_config, cudnn_bwd_config;  // CudnnAttention::candidate_description
   std::string reason;         // one line: why this one (e.g. the cuDNN error auto fell back on)
   std::string cudnn_version;  // "cuDNN 9.14.0, backend API, engines .." when cuDNN was set up
   std::size_t cudnn_workspace_bytes = 0;  // workspace cuDNN's graphs need (0: cuDNN not chosen)
@@ -105,6 +112,10 @@ struct CudaExecutorOptions {
   // (a read and a write of a (B,T,4C) tensor each way) are skipped. Only where the plan allows it
   // (see fuse_gelu_pairs in cuda_backend.cu).
   bool fuse_gelu = true;
+  // A matmul_backward's bias gradient (the column sums of its dy) taken by the layernorm_backward
+  // that last wrote dy as it writes it (the residual stream's gradient: GPT-2's attention and MLP
+  // projections), instead of a separate pass over dy. See fuse_bias_gradients().
+  bool fuse_bias_gradients = true;
   // The bucket all-reduces' side stream at the device's greatest stream priority (and the step's
   // graph instantiated to honour per-node priorities), so that NCCL's kernels get SMs ahead of
   // the backward's blocks instead of queueing behind them.
@@ -238,6 +249,10 @@ class CudaExecutor {
     for (auto j : gelu_partner_) n += j != kNoPartner ? 1 : 0;
     return n;
   }
+  // matmul_backward bias gradients taken over by dy's writer (fuse_bias_gradients)
+  std::size_t bias_gradients_fused() const {
+    return static_cast<std::size_t>(std::count(bias_taken_.begin(), bias_taken_.end(), 1));
+  }
   // Host time of the last launch (graph launch, or every kernel launch op by op; capture included
   // the first time), not counting the staging copies before it.
   double last_launch_host_ms() const { return last_launch_host_ms_; }
@@ -262,6 +277,8 @@ class CudaExecutor {
   Status init();
   Status choose_attention();
   Result<double> time_attention(bool cudnn, bool backward);
+  Status select_cudnn_candidates();
+  void fuse_bias_gradients();
   Status upload_pending();
   Status run_range(std::size_t begin, std::size_t end, bool communicate);
   Status launch_range(std::size_t begin, std::size_t end, bool communicate);
@@ -322,6 +339,10 @@ class CudaExecutor {
   // skips the forward: the backward writes the losses).
   std::vector<std::size_t> classifier_backward_;
   std::vector<std::uint8_t> skip_zero_, overwrite_;  // overwrite_first_gradient
+  // fuse_bias_gradients(): per layernorm_backward, the bias gradient that takes its dx's column
+  // sums (kNoTensor: none); per matmul_backward, 1 where that took its bias gradient over.
+  std::vector<TensorId> layernorm_dx_sum_;
+  std::vector<std::uint8_t> bias_taken_;
   // fuse_gelu: the gelu op run inside a GEMM op's epilogue (per op: its partner's index, or
   // kNoPartner), and the inverse (the gelu op's GEMM op)
   static constexpr std::size_t kNoPartner = static_cast<std::size_t>(-1);

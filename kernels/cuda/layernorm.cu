@@ -7,6 +7,7 @@
 #include <algorithm>
 
 #include "kernel_primitives.cuh"
+#include "matmul.cuh"  // bias_backward: dx_sum where the packed kernel cannot run
 
 namespace topolaunch::kernels::cuda {
 namespace {
@@ -209,27 +210,31 @@ __global__ void layernorm_backward_kernel(bf16* dx, float* dw, float* db, const 
 
 // The same with 16-byte packs, one warp per row (grid-stride over rows): loads of dy, x, w and
 // the dx being accumulated, all issued before the row's reductions. A lane always holds the same
-// channels, so it sums their dw/db over all its rows in its warp's own shared-memory area (not in
-// registers: that would halve the warps per SM), laid out [pack-of-lane k][half h][lane] in
-// float4s so that a warp's 16-byte accesses hit distinct banks. At the end the block adds its
-// warps' areas and then dw/db with 16-byte fp32 atomics (sm_90), one per 4 channels per block.
+// channels, so it sums their dw/db (and with kSum the written dx's) over all its rows in its
+// warp's own shared-memory areas (not in registers: that would halve the warps per SM), laid out
+// [pack-of-lane k][half h][lane] in float4s so that a warp's 16-byte accesses hit distinct banks.
+// At the end the block adds its warps' areas and then dw/db(/dx_sum) with 16-byte fp32 atomics
+// (sm_90), one per 4 channels per block.
 constexpr int kLayerNormBackwardThreads = 256;
-template <int kPacks>
+template <int kPacks, bool kSum>
 constexpr std::size_t layernorm_backward_smem_bytes() {
-  return std::size_t{kLayerNormBackwardThreads / kWarp} * 2 * kPacks * 2 * kWarp * sizeof(float4);
+  return std::size_t{kLayerNormBackwardThreads / kWarp} * (kSum ? 3 : 2) * kPacks * 2 * kWarp *
+         sizeof(float4);
 }
-template <int kPacks>
+template <int kPacks, bool kSum>
 __global__ void __launch_bounds__(kLayerNormBackwardThreads, kPacks <= 3 ? 2 : 1)
-    layernorm_backward_vec_kernel(bf16* dx, float* dw, float* db, const bf16* dy, const bf16* x,
-                                  const bf16* w, const float* mean, const float* rstd,
-                                  std::int64_t N, int C) {
+    layernorm_backward_vec_kernel(bf16* dx, float* dw, float* db, float* dx_sum, const bf16* dy,
+                                  const bf16* x, const bf16* w, const float* mean,
+                                  const float* rstd, std::int64_t N, int C) {
   extern __shared__ float4 shared4[];
-  constexpr int kArea = 2 * kPacks * kWarp;  // float4s of one of dw/db for one warp
+  constexpr int kArea = 2 * kPacks * kWarp;  // float4s of one of dw/db/dx_sum for one warp
+  constexpr int kAreas = kSum ? 3 : 2;
   const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp;
   const int warps = blockDim.x / kWarp;
-  float4* accw = shared4 + warp * 2 * kArea;  // this warp's dw area, then its db area
+  float4* accw = shared4 + warp * kAreas * kArea;  // this warp's dw area, its db area, [dx_sum]
   float4* accb = accw + kArea;
-  for (int q = lane; q < 2 * kArea; q += kWarp) accw[q] = make_float4(0, 0, 0, 0);
+  float4* accs = accb + kArea;
+  for (int q = lane; q < kAreas * kArea; q += kWarp) accw[q] = make_float4(0, 0, 0, 0);
   __syncwarp();
   const int packs = C / 8;
   const float inv_c = 1.0f / static_cast<float>(C);
@@ -289,21 +294,32 @@ __global__ void __launch_bounds__(kLayerNormBackwardThreads, kPacks <= 3 ? 2 : 1
           out.v[j] = __float2bfloat16(__bfloat162float(dxp[k].v[j]) + g);
         }
         store8(dx + row * C + p * 8, out);
+        if constexpr (kSum) {
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {
+            const int q = (k * 2 + h) * kWarp + lane;
+            float4 cs = accs[q];
+            cs.x += __bfloat162float(out.v[4 * h]), cs.y += __bfloat162float(out.v[4 * h + 1]);
+            cs.z += __bfloat162float(out.v[4 * h + 2]), cs.w += __bfloat162float(out.v[4 * h + 3]);
+            accs[q] = cs;
+          }
+        }
       }
     }
   }
   __syncthreads();
   // float4 q of an area holds channels ((q / 64) * 32 + q % 32) * 8 + ((q / 32) % 2) * 4 .. +3
-  for (int q = threadIdx.x; q < 2 * kArea; q += blockDim.x) {
-    const int qa = q % kArea;  // q < kArea: dw, else db
+  for (int q = threadIdx.x; q < kAreas * kArea; q += blockDim.x) {
+    const int qa = q % kArea;  // q / kArea: 0 dw, 1 db, 2 dx_sum
     const int pack = (qa / (2 * kWarp)) * kWarp + qa % kWarp;
     if (pack >= packs) continue;
     float4 sum = make_float4(0, 0, 0, 0);
     for (int v = 0; v < warps; ++v) {
-      const float4 t = shared4[v * 2 * kArea + q];
+      const float4 t = shared4[v * kAreas * kArea + q];
       sum.x += t.x, sum.y += t.y, sum.z += t.z, sum.w += t.w;
     }
-    float* dst = (q < kArea ? dw : db) + pack * 8 + ((qa / kWarp) % 2) * 4;
+    float* const area[3] = {dw, db, dx_sum};
+    float* dst = area[q / kArea] + pack * 8 + ((qa / kWarp) % 2) * 4;
     atomicAdd(reinterpret_cast<float4*>(dst), sum);  // C % 8 == 0, dw/db 16-byte aligned
   }
 }
@@ -376,40 +392,55 @@ cudaError_t residual_layernorm_forward(bf16* s, bf16* y, float* mean, float* rst
                                        std::int64_t C, cudaStream_t stream) {
   return launch_layernorm_forward<true>(s, y, mean, rstd, a, b1, w, b, N, C, stream);
 }
+namespace {
+
+template <int kPacks, bool kSum>
+cudaError_t launch_layernorm_backward_vec(bf16* dx, float* dw, float* db, float* dx_sum,
+                                          const bf16* dy, const bf16* x, const bf16* w,
+                                          const float* mean, const float* rstd, std::int64_t N,
+                                          std::int64_t C, cudaStream_t stream) {
+  constexpr std::size_t smem = layernorm_backward_smem_bytes<kPacks, kSum>();
+  auto* kernel = layernorm_backward_vec_kernel<kPacks, kSum>;
+  if constexpr (smem > 48 * 1024) {
+    const cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                               static_cast<int>(smem));
+    if (e != cudaSuccess) return e;
+  }
+  // as many blocks as fit on the GPU at once (each flushes its partial sums once)
+  int per_sm = 0;
+  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kLayerNormBackwardThreads,
+                                                    smem) != cudaSuccess ||
+      per_sm < 1)
+    per_sm = 1;
+  const unsigned blocks = std::min<unsigned>(blocks_for(N, kLayerNormBackwardThreads / kWarp),
+                                             static_cast<unsigned>(multiprocessors() * per_sm));
+  kernel<<<blocks, kLayerNormBackwardThreads, smem, stream>>>(dx, dw, db, dx_sum, dy, x, w, mean,
+                                                              rstd, N, static_cast<int>(C));
+  return cudaSuccess;
+}
+
+}  // namespace
+
 cudaError_t layernorm_backward(bf16* dx, float* dw, float* db, const bf16* dy, const bf16* x,
                                const bf16* w, const float* mean, const float* rstd, std::int64_t N,
-                               std::int64_t C, cudaStream_t stream) {
+                               std::int64_t C, cudaStream_t stream, float* dx_sum) {
   if (C > kMaxLayerNormChannels) return cudaErrorInvalidValue;
-  if (C % 8 == 0 && aligned16_all({dx, dw, db, dy, x, w})) {
-    // as many blocks as fit on the GPU at once (each flushes its dw/db partials once)
-    const int sms = multiprocessors();
+  if (C % 8 == 0 && aligned16_all({dx, dw, db, dx_sum, dy, x, w}))
     return dispatch_packs(C, [&]<int kPacks>() {
-      constexpr std::size_t smem = layernorm_backward_smem_bytes<kPacks>();
-      if constexpr (smem > 48 * 1024) {
-        const cudaError_t e = cudaFuncSetAttribute(layernorm_backward_vec_kernel<kPacks>,
-                                                   cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                                   static_cast<int>(smem));
-        if (e != cudaSuccess) return e;
-      }
-      int per_sm = 0;
-      if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(
-              &per_sm, layernorm_backward_vec_kernel<kPacks>, kLayerNormBackwardThreads, smem) !=
-              cudaSuccess ||
-          per_sm < 1)
-        per_sm = 1;
-      const unsigned blocks = std::min<unsigned>(blocks_for(N, kLayerNormBackwardThreads / kWarp),
-                                                 static_cast<unsigned>(sms * per_sm));
-      layernorm_backward_vec_kernel<kPacks><<<blocks, kLayerNormBackwardThreads, smem, stream>>>(
-          dx, dw, db, dy, x, w, mean, rstd, N, static_cast<int>(C));
-      return cudaSuccess;
+      return dx_sum != nullptr ? launch_layernorm_backward_vec<kPacks, true>(
+                                     dx, dw, db, dx_sum, dy, x, w, mean, rstd, N, C, stream)
+                               : launch_layernorm_backward_vec<kPacks, false>(
+                                     dx, dw, db, nullptr, dy, x, w, mean, rstd, N, C, stream);
     });
-  }
   const unsigned blocks = std::min<unsigned>(blocks_for(N, 8), 132u * 2u);
-  return dispatch_per_lane(C, [&]<int kPerLane>() {
+  const cudaError_t e = dispatch_per_lane(C, [&]<int kPerLane>() {
     layernorm_backward_kernel<kPerLane><<<blocks, 256, 2 * C * sizeof(float), stream>>>(
         dx, dw, db, dy, x, w, mean, rstd, N, static_cast<int>(C));
     return cudaSuccess;
   });
+  // the unaligned case: dx's column sums in a second pass
+  if (e == cudaSuccess && dx_sum != nullptr) bias_backward(dx_sum, dx, N, C, stream);
+  return e;
 }
 
 }  // namespace topolaunch::kernels::cuda

@@ -16,6 +16,7 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -166,6 +167,10 @@ void upload(Dev<float>& d, const Vec& v) {
   check_cuda(cudaMemcpy(d.p, h.data(), h.size() * sizeof(float), cudaMemcpyHostToDevice), "h2d");
 }
 
+void test_cudnn_candidate(const gpu::CudnnAttention& att, const Vec& qkv, const Vec& dy,
+                          const Vec& y_ref, const Vec& lse_ref, const Vec& grad_ref, std::int64_t B,
+                          std::int64_t T, std::int64_t C, std::int64_t NH, const std::string& tag);
+
 // cuDNN's fused attention on one shape against the double reference (same tolerances as ours).
 void test_cudnn_shape(const Vec& qkv, const Vec& dy, const Vec& y_ref, const Vec& lse_ref,
                       const Vec& grad_ref, std::int64_t B, std::int64_t T, std::int64_t NH) {
@@ -183,7 +188,25 @@ void test_cudnn_shape(const Vec& qkv, const Vec& dy, const Vec& y_ref, const Vec
     expect(false, "CudnnAttention::create" + tag + ": " + created.error().message);
     return;
   }
-  const auto& att = **created;
+  auto& att = **created;
+  // every engine configuration cuDNN offers (the executor may select any of them by timing):
+  // candidate i of the forward with candidate i of the backward (the last where one has fewer)
+  const int n_fwd = att.candidates(false), n_bwd = att.candidates(true);
+  expect(n_fwd >= 1 && n_bwd >= 1, "cudnn candidates" + tag);
+  for (int i = 0; i < std::max(n_fwd, n_bwd); ++i) {
+    att.select(false, std::min(i, n_fwd - 1));
+    att.select(true, std::min(i, n_bwd - 1));
+    test_cudnn_candidate(att, qkv, dy, y_ref, lse_ref, grad_ref, B, T, C, NH,
+                         tag + " candidate " + std::to_string(i) + "/" +
+                             std::to_string(std::max(n_fwd, n_bwd)) +
+                             " (fwd: " + att.candidate_description(false, att.selected(false)) +
+                             "; bwd: " + att.candidate_description(true, att.selected(true)) + ")");
+  }
+}
+
+void test_cudnn_candidate(const gpu::CudnnAttention& att, const Vec& qkv, const Vec& dy,
+                          const Vec& y_ref, const Vec& lse_ref, const Vec& grad_ref, std::int64_t B,
+                          std::int64_t T, std::int64_t C, std::int64_t NH, const std::string& tag) {
   std::printf("note cudnn%s: %s, workspace %zu bytes\n", tag.c_str(), att.version().c_str(),
               att.workspace_bytes());
   Dev<bf16> d_qkv(qkv.size()), d_dy(dy.size()), d_y(y_ref.size()), d_dqkv(qkv.size());

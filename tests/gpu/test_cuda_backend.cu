@@ -312,6 +312,7 @@ int main(int argc, char** argv) {
   unfused.overwrite_first_gradient = false;
   unfused.multi_tensor_adamw = false;
   unfused.fuse_gelu = false;
+  unfused.fuse_bias_gradients = false;
   auto ex3 = must(gpu::CudaExecutor::create(gpu_plan, unfused), "create unfused");
   const auto unfused_losses = train_gpu(*ex3, tokens, targets, loss_scale, adamw);
   worst = 0;
@@ -319,9 +320,16 @@ int main(int argc, char** argv) {
     worst = std::max(worst, std::fabs(unfused_losses[i] - graph_losses[i]) / graph_losses[i]);
   check(worst <= 1e-3,
         fmt("separate crossentropy forward/backward kernels, zero + accumulating gelu and "
-            "matmul dx backward, per-tensor AdamW, gelu kernels outside the GEMMs: same losses "
-            "(worst %.2e)",
+            "matmul dx backward, per-tensor AdamW, gelu kernels outside the GEMMs, every bias "
+            "gradient in its matmul_backward: same losses (worst %.2e)",
             worst));
+  // the small GPT's 2 blocks: each block's attention and MLP projection biases summed by the
+  // layernorm_backward after them (ln2's, and the next block's ln1 or the final one's)
+  check(ex->bias_gradients_fused() == 2 * static_cast<std::size_t>(small_gpt().n_layer) &&
+            ex3->bias_gradients_fused() == 0,
+        fmt("bias gradients taken by dy's writer: %zu by default, none with fuse_bias_gradients "
+            "off",
+            ex->bias_gradients_fused()));
   check(ex->gelu_ops_fused() > 0 && ex3->gelu_ops_fused() == 0,
         fmt("gelu in the GEMM epilogues: %zu gelu ops fused by default, none with fuse_gelu off",
             ex->gelu_ops_fused()));

@@ -217,6 +217,29 @@ void test_layernorm(std::mt19937& rng, std::int64_t N, std::int64_t C) {
   compare("layernorm_backward dx (+=)" + shape, download(*ddx), dxr, kBf16Rtol, kBf16Atol);
   compare("layernorm_backward dw (fp32, +=)" + shape, download(*ddw), dwr, 1e-4, 1e-5);
   compare("layernorm_backward db (fp32, +=)" + shape, download(*ddb), dbr, 1e-4, 1e-5);
+
+  // with dx_sum: the same dx, dw, db, and dx_sum += the column sums of the dx written (bf16),
+  // summed in double from the kernel's own output; fresh accumulators
+  const Vec dx0 = random_vec(rng, N * C, -0.1f, 0.1f, true),
+            sum0 = random_vec(rng, C, -1, 1, false);
+  std::unique_ptr<Dev<bf16>> ddx2(upload_bf16(dx0));
+  std::unique_ptr<Dev<float>> ddw2(upload(Vec(C, 0.0))), ddb2(upload(Vec(C, 0.0))),
+      dsum(upload(sum0));
+  gpu::layernorm_backward(ddx2->p, ddw2->p, ddb2->p, dg->p, dx->p, dw->p, dmean1->p, drstd1->p, N,
+                          C, nullptr, dsum->p);
+  Vec dw_only(C, 0.0), db_only(C, 0.0), dx_ref(dx0);
+  cpu::layernorm_backward(dx_ref.data(), dw_only.data(), db_only.data(), g.data(), x.data(),
+                          w.data(), mean.data(), rstd.data(), N, C);
+  const Vec dx_written = download(*ddx2);
+  compare("layernorm_backward dx with dx_sum (+=)" + shape, dx_written, dx_ref, kBf16Rtol,
+          kBf16Atol);
+  std::vector<double> sum_ref(sum0.begin(), sum0.end());
+  for (std::int64_t n = 0; n < N; ++n)
+    for (std::int64_t c = 0; c < C; ++c) sum_ref[c] += dx_written[n * C + c];
+  compare("layernorm_backward dx_sum (fp32, += column sums of dx)" + shape, download(*dsum),
+          Vec(sum_ref.begin(), sum_ref.end()), 1e-4, 1e-4);
+  compare("layernorm_backward dw with dx_sum" + shape, download(*ddw2), dw_only, 1e-4, 1e-5);
+  compare("layernorm_backward db with dx_sum" + shape, download(*ddb2), db_only, 1e-4, 1e-5);
 }
 
 // RMSNorm, the fused residual + RMSNorm, and the backward, against kernels/cpu/rmsnorm.hpp.

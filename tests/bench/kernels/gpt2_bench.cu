@@ -14,8 +14,9 @@
 //        mode = graph | op_by_op | profile (op by op with an event pair per op: the step by op
 //        kind with bytes, FLOPs and the H200's bounds, one "gpt2_op_profile" line), attention =
 //        auto (default) | own | cudnn, nogelu = the separate gelu kernels
-//        (CudaExecutorOptions::fuse_gelu off), nochunk = the whole logits at once
-//        (PlanOptions::classifier_chunk_rows 0), cROWS = ROWS rows of logits per chunk
+//        (CudaExecutorOptions::fuse_gelu off), nobiasfuse = every bias gradient in its own
+//        matmul_backward (CudaExecutorOptions::fuse_bias_gradients off), nochunk = the whole logits
+//        at once (PlanOptions::classifier_chunk_rows 0), cROWS = ROWS rows of logits per chunk
 //        (default: automatic), fp8 = the blocks' GEMMs in FP8 (CudaExecutorOptions::fp8,
 //        train.precision = "fp8": FP8 where measured faster), fp8all = every eligible GEMM in
 //        FP8 (Fp8Choice::always), model = 124m (default) | 350m | 774m | 1558m |
@@ -52,6 +53,7 @@ struct Config {
   double budget_gib = 0;
   gpu::AttentionImpl attention = gpu::AttentionImpl::auto_select;
   bool fuse_gelu = true;
+  bool fuse_bias = true;  // CudaExecutorOptions::fuse_bias_gradients (nobiasfuse: off)
   bool fp8 = false;
   bool fp8_all = false;  // fp8all: every eligible GEMM in FP8 (Fp8Choice::always), not measured
   std::int64_t classifier_chunk_rows = -1;  // PlanOptions::classifier_chunk_rows
@@ -82,6 +84,8 @@ Config parse(const std::string& s) {
         c.attention = gpu::AttentionImpl::auto_select;
       else if (f == "nogelu")
         c.fuse_gelu = false;
+      else if (f == "nobiasfuse")
+        c.fuse_bias = false;
       else if (f == "fp8")
         c.fp8 = true;
       else if (f == "fp8all")
@@ -104,6 +108,17 @@ std::size_t used_bytes() {
   std::size_t free_b = 0, total_b = 0;
   cudaMemGetInfo(&free_b, &total_b);
   return total_b - free_b;
+}
+
+// [0.3259,-1.0000,...] (JSON)
+std::string ms_list(const std::vector<double>& v) {
+  std::string out = "[";
+  char buf[32];
+  for (std::size_t i = 0; i < v.size(); ++i) {
+    std::snprintf(buf, sizeof buf, "%s%.4f", i == 0 ? "" : ",", v[i]);
+    out += buf;
+  }
+  return out + "]";
 }
 
 double percentile(std::vector<double> v, double p) {
@@ -326,6 +341,7 @@ int run(const Config& cfg) {
   opt.profile_ops = cfg.profile;
   opt.attention = cfg.attention;
   opt.fuse_gelu = cfg.fuse_gelu;
+  opt.fuse_bias_gradients = cfg.fuse_bias;
   opt.fp8 = cfg.fp8;
   if (cfg.fp8_all) opt.fp8_choice = gpu::CudaExecutorOptions::Fp8Choice::always;
   auto ex_r = gpu::CudaExecutor::create(*plan, opt);
@@ -416,7 +432,11 @@ int run(const Config& cfg) {
       "\"chosen\":\"%s\",\"own_fwd_ms\":%.4f,\"own_bwd_ms\":%.4f,\"cudnn_fwd_ms\":%.4f,"
       "\"cudnn_bwd_ms\":%.4f,\"cudnn_workspace_bytes\":%zu,\"cudnn_workspace_planned\":%s,"
       "\"cudnn_workspace_outside_arena_bytes\":%zu,\"cudnn_backward_ops\":%d,"
-      "\"cudnn_version\":\"%s\",\"reason\":\"%s\"},\"fuse_gelu\":%s,\"gelu_ops_fused\":%zu,"
+      "\"cudnn_version\":\"%s\",\"cudnn_fwd_candidates_ms\":%s,\"cudnn_bwd_candidates_ms\":%s,"
+      "\"cudnn_fwd_candidate\":%d,\"cudnn_bwd_candidate\":%d,\"cudnn_fwd_config\":\"%s\","
+      "\"cudnn_bwd_config\":\"%s\",\"reason\":\"%s\"},\"fuse_gelu\":%s,\"fuse_bias\":%s,\"bias_"
+      "gradients_fused\":%zu,"
+      "\"gelu_ops_fused\":%zu,"
       "\"classifier_chunk_rows\":%lld,\"precision\":\"%s\",\"fp8_gemm_ops\":%d,"
       "\"fp8_fallback_ops\":%d,\"fp8_gemms\":%d,\"fp8_bf16_by_measurement\":%d,"
       "\"fp8_scratch_gib\":%.4f}\n",
@@ -430,8 +450,11 @@ int run(const Config& cfg) {
       gpu::attention_impl_name(cfg.attention), gpu::attention_impl_name(ac.chosen), ac.own_fwd_ms,
       ac.own_bwd_ms, ac.cudnn_fwd_ms, ac.cudnn_bwd_ms, ac.cudnn_workspace_bytes,
       ac.cudnn_workspace_planned ? "true" : "false", ex->memory().attention_workspace_bytes,
-      ac.cudnn_backward_ops, ac.cudnn_version.c_str(), reason.c_str(),
-      cfg.fuse_gelu ? "true" : "false", ex->gelu_ops_fused(),
+      ac.cudnn_backward_ops, ac.cudnn_version.c_str(), ms_list(ac.cudnn_fwd_candidates_ms).c_str(),
+      ms_list(ac.cudnn_bwd_candidates_ms).c_str(), ac.cudnn_fwd_candidate, ac.cudnn_bwd_candidate,
+      ac.cudnn_fwd_config.c_str(), ac.cudnn_bwd_config.c_str(), reason.c_str(),
+      cfg.fuse_gelu ? "true" : "false", cfg.fuse_bias ? "true" : "false",
+      ex->bias_gradients_fused(), ex->gelu_ops_fused(),
       static_cast<long long>(ex->plan().classifier_chunk_rows),
       cfg.fp8_all ? "fp8all" : (cfg.fp8 ? "fp8" : "bf16"), ex->fp8_report().gemm_ops,
       ex->fp8_report().fallback_ops, ex->fp8_report().fp8_gemms,
