@@ -6,7 +6,10 @@ Starts a private cluster of --nodes nodes (tests/slurm/cluster-start, TOPOLAUNCH
         and [wireup] backend = tcp / pmix / pmi2; every rank's environment, binding and store
         exchange checked against the map agent 0 wrote and the library's map (map_oracle);
         then <repeats> launches timed against `srun -N<nodes> -n<ranks>` of the same program in
-        the same allocation: time from the command to the last worker started.
+        the same allocation: time from the command to the last worker started. The program exits
+        as soon as it has recorded its start (as /bin/true would); with --linger-ms it stays that
+        long first, as a training worker would, so that the early nodes' teardown does not run
+        beside the late nodes' start (both launchers alike).
   srun_auto   `srun --topolaunch=auto` over the same nodes and ranks as the job user: every task's
         environment and binding checked; its launch time against plain srun in the same run.
 Prints PASS/FAIL per scenario and one JSON object per timing (peer figure, ratio, host load);
@@ -14,7 +17,7 @@ Prints PASS/FAIL per scenario and one JSON object per timing (peer figure, ratio
 
   scale_suite.py --plugin SO --oracle map_oracle --scripts tests/slurm --topolaunch BIN
                  --worker test_worker --starter bench_launch_worker [--nodes 32] [--repeats 3]
-                 [--results FILE] [-k NAME] [--keep]
+                 [--results FILE] [-k NAME] [--keep] [--linger-ms MS]
 """
 
 import argparse
@@ -115,6 +118,8 @@ class ScaleSuite(slurm_suite.Suite):
                  # The job user (nobody) has no home: its topology import cache (the agents'
                  # --topology files, launcher/src/job.hpp) goes where a user's ~/.cache would.
                  "export XDG_CACHE_HOME=%s/xdg-cache" % base]
+        if self.args.linger_ms > 0:  # bench_worker's BENCH_LINGER_MS, for both launchers
+            lines.append("export BENCH_LINGER_MS=%d" % self.args.linger_ms)
         # Peers in the same allocation: plain srun of the workers, and (pmix, pmi2) srun with the
         # same --mpi plugin, whose own start-up cost the agents' step pays too.
         peers = [("peer", "srun")]
@@ -174,6 +179,7 @@ class ScaleSuite(slurm_suite.Suite):
         phases = self.agent_phases(base, starts_at)
         line = {"measurement": "all_workers_started_ms", "launcher": "topolaunch run",
                 "wireup": backend, "peer": "srun -N%d -n%d" % (len(self.nodes), self.ranks),
+                "worker_linger_ms": self.args.linger_ms,
                 "ms": ours, "ms_median": statistics.median(ours), "peer_ms": peer,
                 "peer_ms_median": statistics.median(peer),
                 "ratio": round(statistics.median(ours) / statistics.median(peer), 3),
@@ -385,6 +391,8 @@ def main():
     parser.add_argument("--results", help="also write the timing JSON lines here")
     parser.add_argument("-k", help="run only scenarios whose name contains this")
     parser.add_argument("--keep", action="store_true", help="keep the cluster directory")
+    parser.add_argument("--linger-ms", type=int, default=0,
+                        help="the timed workers stay this long after recording their start")
     args = parser.parse_args()
     for name in ("topolaunch", "worker", "starter", "oracle", "plugin"):
         setattr(args, name, os.path.abspath(getattr(args, name)))
