@@ -1092,9 +1092,11 @@ void CudaExecutor::fuse_gelu_pairs() {
 // A matmul_backward's bias gradient is the column sums of its dy. Where dy's last writer before
 // it is a layernorm_backward writing it as its dx (the residual stream's gradient, for GPT-2's
 // attention and MLP projections), that kernel takes the sums as it writes dx and the
-// matmul_backward skips its own pass over dy (bias_taken_; fuse_bias_gradients). Parameter
-// gradients are zero from the step's start, so the earlier accumulation lands as the
-// matmul_backward's own would.
+// matmul_backward skips its own pass over dy (bias_taken_; fuse_bias_gradients). Only for a
+// gradient whose memory lives the whole step (Role::gradient, itself or the bucket buffer it is a
+// view of) and that no op between the two writes or zeroes: it is zero from the step's start, so
+// the earlier accumulation lands as the matmul_backward's own would. (Under ZeRO-2/3 a bucket's
+// gradients are transient, zeroed at their first declared writer: those keep their pass.)
 void CudaExecutor::fuse_bias_gradients() {
   const Graph& g = plan_.graph;
   layernorm_dx_sum_.assign(g.ops.size(), kNoTensor);
@@ -1114,12 +1116,19 @@ void CudaExecutor::fuse_bias_gradients() {
     }
     if (k >= m) continue;  // no writer before it
     const Op& w = g.ops[k];
-    if (w.kind == OpKind::layernorm_backward && w.phase == mb.phase && w.outputs[0] == dy &&
-        std::count(w.outputs.begin(), w.outputs.end(), dy) == 1 &&
-        layernorm_dx_sum_[k] == kNoTensor && g[dbias].elements() == g[w.inputs[2]].elements()) {
-      layernorm_dx_sum_[k] = dbias;
-      bias_taken_[m] = 1;
-    }
+    const TensorId storage = g[dbias].view_of != kNoTensor ? g[dbias].view_of : dbias;
+    if (w.kind != OpKind::layernorm_backward || w.phase != mb.phase || w.outputs[0] != dy ||
+        std::count(w.outputs.begin(), w.outputs.end(), dy) != 1 ||
+        layernorm_dx_sum_[k] != kNoTensor || g[dbias].elements() != g[w.inputs[2]].elements() ||
+        g[storage].role != Role::gradient)
+      continue;
+    bool written_between = false;
+    for (std::size_t j = k + 1; j < m && !written_between; ++j)
+      for (TensorId t : g.ops[j].outputs)
+        written_between = written_between || t == dbias || t == storage;
+    if (written_between) continue;
+    layernorm_dx_sum_[k] = dbias;
+    bias_taken_[m] = 1;
   }
 }
 
