@@ -529,7 +529,7 @@ struct Plan {
   std::string what;          // "heuristics A #0", "engine 2 knobs 3=1,7=0"
 };
 
-// The plan of engine configuration `cfg`, or its status; engine: the config's engine, when known.
+// p's execution plan for engine configuration `cfg` and its workspace size; cuDNN's status.
 cudnnStatus_t finalize_plan(cudnnHandle_t handle, cudnnBackendDescriptor_t cfg, Plan& p) {
   p.plan = Descriptor(CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR);
   cudnnStatus_t st = p.plan.status();
