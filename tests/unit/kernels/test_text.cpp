@@ -8,8 +8,8 @@
 #include <random>
 #include <sstream>
 
+#include "../temp_dir.hpp"
 #include "catch.hpp"
-#include "temp_dir.hpp"
 #include "topolaunch/kernels/checkpoint.hpp"
 #include "topolaunch/kernels/cpu_backend.hpp"
 #include "topolaunch/kernels/cpu_decoder.hpp"
@@ -22,7 +22,7 @@
 
 using namespace topolaunch::kernels;
 namespace fs = std::filesystem;
-using topolaunch::kernels::testing::TempDir;
+using topolaunch::testing::TempDir;
 
 namespace {
 

@@ -9,16 +9,16 @@
 #include <string>
 #include <vector>
 
+#include "../temp_dir.hpp"
 #include "catch.hpp"
-#include "temp_dir.hpp"
 #include "topolaunch/kernels/checkpoint.hpp"
 #include "topolaunch/kernels/executor.hpp"
 #include "topolaunch/kernels/worker.hpp"
 
 using namespace topolaunch;
 using namespace topolaunch::kernels;
-using topolaunch::kernels::testing::read_file;
-using topolaunch::kernels::testing::TempDir;
+using topolaunch::testing::read_file;
+using topolaunch::testing::TempDir;
 namespace fs = std::filesystem;
 
 namespace {

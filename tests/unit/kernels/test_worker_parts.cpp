@@ -9,8 +9,8 @@
 #include <sstream>
 #include <thread>
 
+#include "../temp_dir.hpp"
 #include "catch.hpp"
-#include "temp_dir.hpp"
 #include "topolaunch/kernels/checkpoint.hpp"
 #include "topolaunch/kernels/data.hpp"
 #include "topolaunch/kernels/host_communicators.hpp"
@@ -20,7 +20,7 @@
 using namespace topolaunch::kernels;
 namespace fs = std::filesystem;
 
-using topolaunch::kernels::testing::TempDir;
+using topolaunch::testing::TempDir;
 
 TEST_CASE("janeaustenr: the six novels decode from R's lazy-load database") {
   const std::string rdb = "/usr/lib/R/site-library/janeaustenr/data/Rdata.rdb";

@@ -8,8 +8,8 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
-#include <sstream>
 
+#include "../temp_dir.hpp"
 #include "catch.hpp"
 #include "job.hpp"
 #include "topolaunch/topology/discover.hpp"
@@ -21,23 +21,6 @@ using namespace topolaunch;
 using namespace topolaunch::launcher;
 
 namespace {
-
-struct Dir {
-  fs::path path;
-  Dir() {
-    char name[] = "/tmp/topolaunch-agent-cache-XXXXXX";
-    REQUIRE(::mkdtemp(name) != nullptr);
-    path = name;
-  }
-  ~Dir() { fs::remove_all(path); }
-};
-
-std::string read_text(const fs::path& path) {
-  std::ifstream in(path);
-  std::stringstream text;
-  text << in.rdbuf();
-  return text.str();
-}
 
 fs::path fixture(const std::string& type) {
   const char* fixtures = std::getenv("TOPOLAUNCH_FIXTURES_DIR");
@@ -54,7 +37,7 @@ std::string direct_json(const fs::path& file) {
 }  // namespace
 
 TEST_CASE("agent topology cache: imports once, reads the import back, as a direct load") {
-  Dir d;
+  testing::TempDir d;
   fs::copy_file(fixture("dgx-h100"), d.path / "n1.xml");
   fs::copy_file(fixture("dgx-h100"), d.path / "n2.xml");  // the same bytes, another path
   const TopologyCacheDir cache{(d.path / "cache").string(), true};
@@ -77,7 +60,7 @@ TEST_CASE("agent topology cache: imports once, reads the import back, as a direc
   CHECK(topology::to_json(*other) == direct_json(d.path / "n2.xml"));
 
   // Read back from the cache: an entry altered (still valid JSON) is what the next load sees.
-  std::string json = read_text(imports[0]);
+  std::string json = testing::read_file(imports[0]);
   const std::string product = "\"product\":\"";
   const auto at = json.find(product);
   REQUIRE(at != std::string::npos);
@@ -106,7 +89,7 @@ TEST_CASE("agent topology cache: imports once, reads the import back, as a direc
 }
 
 TEST_CASE("agent topology cache: an unusable directory falls back to the direct load") {
-  Dir d;
+  testing::TempDir d;
   fs::copy_file(fixture("dgx-a100"), d.path / "n1.xml");
   fs::create_directory(d.path / "open");
   ::chmod((d.path / "open").c_str(), 0777);  // writable by others: not trusted
@@ -130,7 +113,7 @@ TEST_CASE("agent topology cache: where it lives") {
   const char* saved_xdg = std::getenv("XDG_CACHE_HOME");
   const std::string home = saved_home ? saved_home : "";
   const std::string xdg = saved_xdg ? saved_xdg : "";
-  Dir d;
+  testing::TempDir d;
   ::unsetenv(kTopologyCacheVariable);
   ::setenv("XDG_CACHE_HOME", (d.path / "xdg").c_str(), 1);
   CHECK(topology_cache_dir().path == (d.path / "xdg" / "topolaunch" / "topology-cache").string());

@@ -1,4 +1,5 @@
-// A temporary folder for a test, removed with everything in it; and a file's whole text.
+// A temporary folder for a unit test, removed with everything in it; and a file's whole text
+// (shared by the unit test folders: #include "../temp_dir.hpp").
 #pragma once
 
 #include <unistd.h>
@@ -8,12 +9,12 @@
 #include <sstream>
 #include <string>
 
-namespace topolaunch::kernels::testing {
+namespace topolaunch::testing {
 
 struct TempDir {
   std::filesystem::path path;
   TempDir() {
-    std::string tmpl = (std::filesystem::temp_directory_path() / "tl-kunit-XXXXXX").string();
+    std::string tmpl = (std::filesystem::temp_directory_path() / "topolaunch-unit-XXXXXX").string();
     path = ::mkdtemp(tmpl.data());
   }
   ~TempDir() {
@@ -35,4 +36,4 @@ inline std::string read_file(const std::filesystem::path& p) {
   return ss.str();
 }
 
-}  // namespace topolaunch::kernels::testing
+}  // namespace topolaunch::testing
