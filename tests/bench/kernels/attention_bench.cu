@@ -132,6 +132,57 @@ int main(int argc, char** argv) {
           2 * gflop_unit / f.median_ms, 5 * gflop_unit / b.median_ms, a.workspace_bytes(),
           a.version().c_str());
       cudaFree(cws);
+      // every engine configuration that finalized, each with the workspace it asks for: the
+      // executor times only those whose workspace fits the planned room
+      auto& sel = **att;
+      for (const bool backward : {false, true}) {
+        const int first_selected = sel.selected(backward);
+        for (int i = 0; i < sel.candidates(backward); ++i) {
+          sel.select(backward, i);
+          const std::size_t ws_bytes = sel.workspace_bytes();
+          const std::size_t engine_ws = backward ? sel.backward_engine_workspace_bytes()
+                                                 : sel.forward_engine_workspace_bytes();
+          void* cand_ws = nullptr;
+          double median = -1, minimum = -1;
+          const char* error = nullptr;
+          if (cudaMalloc(&cand_ws, std::max<std::size_t>(ws_bytes, 1)) != cudaSuccess) {
+            cudaGetLastError();
+            error = "no memory for its workspace";
+          } else {
+            bool failed = false;
+            const Timing t = time_it(
+                nullptr, 30,
+                [&] {
+                  const topolaunch::Status st =
+                      backward ? sel.backward(dqkv, dy, qkv, y, lse, cand_ws, nullptr)
+                               : sel.forward(y, lse, qkv, cand_ws, nullptr);
+                  if (!st) failed = true;
+                },
+                3);
+            if (cudaDeviceSynchronize() != cudaSuccess || failed) {
+              cudaGetLastError();
+              error = "failed to run";
+            } else {
+              median = t.median_ms;
+              minimum = t.min_ms;
+            }
+            cudaFree(cand_ws);
+          }
+          std::printf(
+              ",\n  {\"impl\": \"cudnn_candidate\", \"B\": %lld, \"pass\": \"%s\", "
+              "\"index\": %d, \"engine\": %lld, \"config\": \"%s\", "
+              "\"engine_workspace_bytes\": %zu, \"median_ms\": %.4f, \"min_ms\": %.4f, "
+              "\"tflops\": %.1f%s%s%s}",
+              static_cast<long long>(B), backward ? "bwd" : "fwd", i,
+              static_cast<long long>(sel.candidate_engine(backward, i)),
+              sel.candidate_description(backward, i).c_str(), engine_ws, median, minimum,
+              median > 0 ? (backward ? 5 : 2) * gflop_unit / median : 0.0,
+              error != nullptr ? ", \"error\": \"" : "", error != nullptr ? error : "",
+              error != nullptr ? "\"" : "");
+          std::fflush(stdout);
+        }
+        sel.select(backward, first_selected);
+      }
     }
     first = false;
     std::fflush(stdout);
