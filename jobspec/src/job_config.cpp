@@ -108,10 +108,13 @@ Result<JobConfig> parse_job_config(std::string_view toml_text, const std::string
   std::optional<Error> first_error;
   Reader r(path, first_error);
   r.check_keys(root, "");
-  if (const toml::table* t = r.table(root, "", "job")) read_job(r, *t, config.job);
-  if (const toml::table* t = r.table(root, "", "mapping")) read_mapping(r, *t, config.mapping);
+  const toml::table* job = r.table(root, "", "job");
+  if (job != nullptr) read_job(r, *job, config.job);
+  const toml::table* mapping = r.table(root, "", "mapping");
+  if (mapping != nullptr) read_mapping(r, *mapping, config.mapping);
   if (const toml::table* t = r.table(root, "", "budget")) read_budget(r, *t, config.budget);
-  if (const toml::table* t = r.table(root, "", "rdma")) read_rdma(r, *t, config.rdma);
+  const toml::table* rdma = r.table(root, "", "rdma");
+  if (rdma != nullptr) read_rdma(r, *rdma, config.rdma);
   if (const toml::table* t = r.table(root, "", "wireup")) read_wireup(r, *t, config.wireup);
   if (const toml::table* t = r.table(root, "", "worker")) read_worker(r, *t, config.worker);
   const toml::table* observe = r.table(root, "", "observe");
@@ -128,6 +131,7 @@ Result<JobConfig> parse_job_config(std::string_view toml_text, const std::string
               "needs data.val_path (the held-out token file `topolaunch-worker data prepare` "
               "writes)");
   check_observe(r, observe, config);
+  check_start(r, job, mapping, rdma, config);
   if (first_error) {
     // Values are quoted in the message as they are, escapes decoded ("\t"): one line.
     first_error->message = one_line(first_error->message);
@@ -159,6 +163,10 @@ Result<JobConfig> load_job_config(const std::string& path, const Overrides& over
   text << in.rdbuf();
   if (in.bad()) return make_error(fmt::format("{}: cannot read the job config", path));
   return parse_job_config_isolated(text.str(), path, IsolationLimits{}, overrides);
+}
+
+std::string_view to_string(StartMode mode) {
+  return mode == StartMode::early ? "early" : "checked";
 }
 
 std::string_view to_string(PreflightMode mode) {
@@ -274,6 +282,8 @@ std::string describe(const JobConfig& c) {
       c.job.name, count(c.job.nodes, "all"), count(c.job.ranks_per_node, "auto"), c.job.restarts,
       c.job.heartbeat_timeout.count() == 0 ? "off" : format_duration(c.job.heartbeat_timeout),
       c.job.progress_timeout.count() == 0 ? "off" : format_duration(c.job.progress_timeout));
+  if (c.job.start == StartMode::early)
+    out += "start      early: workers before the agents' exchange, checked against the map\n";
   out +=
       fmt::format("job dir    {}\n", or_default(c.job.job_dir, "topolaunch-jobs/<name>-<run id>"));
   out +=

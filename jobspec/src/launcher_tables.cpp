@@ -111,6 +111,36 @@ void read_job(Reader& r, const toml::table& t, JobSection& job) {
   r.duration(t, "job", "stop_grace", job.stop_grace, 0s, 1h);
   r.string(t, "job", "job_dir", job.job_dir, "\"runs/gpt2\"");
   r.string(t, "job", "checkpoint_dir", job.checkpoint_dir, "\"/scratch/ckpt\"");
+  r.choice<StartMode>(t, "job", "start", job.start,
+                      {{"checked", StartMode::checked}, {"early", StartMode::early}});
+}
+
+void check_start(Reader& r, const toml::table* job, const toml::table* mapping,
+                 const toml::table* rdma, const JobConfig& c) {
+  if (r.failed() || job == nullptr || c.job.start != StartMode::early) return;
+  // Where the other key of a refusal was written: "line 12", or "" when it was not.
+  auto line_of = [](const toml::table* t, std::string_view key) {
+    const toml::node* node = t != nullptr ? t->get(key) : nullptr;
+    return node != nullptr ? fmt::format("line {}", node->source().begin.line) : std::string();
+  };
+  // The workers start before any fabric check could pass; the preflight exists to stop a job
+  // before work starts on a bad fabric, so the two do not go together.
+  if (c.rdma.preflight != PreflightMode::off) {
+    const std::string at = line_of(rdma, "preflight");
+    return r.fail_at(*job, "job", "start",
+                     fmt::format("\"early\" starts the workers before the [rdma] preflight could "
+                                 "pass; set rdma.preflight = \"off\" (it is \"{}\", {}) or use "
+                                 "start = \"checked\"",
+                                 to_string(c.rdma.preflight), at.empty() ? "the default" : at));
+  }
+  // A node's ranks may depend only on its own topology and its place in Slurm's node order.
+  if (!c.mapping.topology_conf.empty())
+    return r.fail_at(
+        *job, "job", "start",
+        fmt::format("\"early\" needs the map's nodes in Slurm's order, and "
+                    "mapping.topology_conf ({}) orders them by the switch tree; remove "
+                    "it or use start = \"checked\"",
+                    line_of(mapping, "topology_conf")));
 }
 
 void read_mapping(Reader& r, const toml::table& t, topology::MappingSpec& spec) {

@@ -30,7 +30,7 @@ const std::vector<TableSchema>& schema() {
         "train"}},
       {"job",
        {"name", "nodes", "ranks_per_node", "restarts", "heartbeat_timeout", "progress_timeout",
-        "stop_grace", "job_dir", "checkpoint_dir"}},
+        "stop_grace", "job_dir", "checkpoint_dir", "start"}},
       {"mapping",
        {"policy", "ranks_per_gpu", "gpus_per_rank", "oversubscribe", "tensor", "pipeline", "data",
         "pin_nics", "bind_memory", "topology_conf", "explicit"}},

@@ -27,5 +27,9 @@ void check_model_and_train(Reader& r, const toml::table* model, const toml::tabl
 // [observe] against the rest: trace_steps within the built-in worker's train.steps (and only with
 // a [model]), metrics_port apart from wireup.port. `observe` as written (null when absent).
 void check_observe(Reader& r, const toml::table* observe, const JobConfig& config);
+// job.start = "early" against the rest: no [rdma] preflight, no switch-tree node order. The
+// tables as written (null when absent); the error is at job.start.
+void check_start(Reader& r, const toml::table* job, const toml::table* mapping,
+                 const toml::table* rdma, const JobConfig& config);
 
 }  // namespace topolaunch::jobspec::detail

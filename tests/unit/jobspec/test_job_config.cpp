@@ -215,6 +215,68 @@ nics = ["mlx5_0"]
             .find("is not a CPU list") != std::string::npos);
 }
 
+TEST_CASE("job.start: \"checked\" by default, \"early\" when asked with the preflight off") {
+  auto checked = parse_job_config("", "job.toml");
+  REQUIRE(checked.ok());
+  CHECK(checked->job.start == StartMode::checked);
+  auto early =
+      parse_job_config("[job]\nstart = \"early\"\n[rdma]\npreflight = \"off\"\n", "job.toml");
+  REQUIRE(early.ok());
+  CHECK(early->job.start == StartMode::early);
+  CHECK(describe(*early).find("start      early") != std::string::npos);
+  CHECK(describe(*checked).find("start ") == std::string::npos);
+  auto explicitly = parse_job_config("[job]\nstart = \"checked\"\n", "job.toml");
+  REQUIRE(explicitly.ok());
+  CHECK(explicitly->job.start == StartMode::checked);
+  CHECK(is_schema_key("job.start"));
+}
+
+TEST_CASE("job.start: another word lists the two") {
+  CHECK(error_of("[job]\nstart = \"eager\"\n") ==
+        "job.toml:2:9: job.start: \"eager\" is not one of \"checked\", \"early\"");
+  CHECK(
+      error_of("[job]\nstart = true\n").find("job.start: expected one of \"checked\", \"early\"") !=
+      std::string::npos);
+}
+
+TEST_CASE("job.start = \"early\" is refused with a preflight, named at job.start") {
+  // The default preflight is "quick": early start needs it off, said where start was written.
+  CHECK(error_of("[job]\nname = \"a\"\nstart = \"early\"\n") ==
+        "job.toml:3:9: job.start: \"early\" starts the workers before the [rdma] preflight could "
+        "pass; set rdma.preflight = \"off\" (it is \"quick\", the default) or use start = "
+        "\"checked\"");
+  CHECK(error_of("[job]\nstart = \"early\"\n[rdma]\npreflight = \"full\"\n") ==
+        "job.toml:2:9: job.start: \"early\" starts the workers before the [rdma] preflight could "
+        "pass; set rdma.preflight = \"off\" (it is \"full\", line 4) or use start = \"checked\"");
+  // A refusal of `topolaunch check` and `run` alike: bad input, exit status 2 (error_of checks).
+  auto r = parse_job_config("[job]\nstart = \"early\"\n", "job.toml");
+  REQUIRE_FALSE(r.ok());
+  CHECK(r.error().exit_code == 2);
+}
+
+TEST_CASE("job.start = \"early\" is refused with a switch tree ordering the nodes") {
+  CHECK(
+      error_of("[job]\nstart = \"early\"\n[mapping]\ntopology_conf = \"/etc/slurm/topology.conf\"\n"
+               "[rdma]\npreflight = \"off\"\n") ==
+      "job.toml:2:9: job.start: \"early\" needs the map's nodes in Slurm's order, and "
+      "mapping.topology_conf (line 4) orders them by the switch tree; remove it or use start = "
+      "\"checked\"");
+  // "checked" takes either.
+  CHECK(parse_job_config("[job]\nstart = \"checked\"\n[mapping]\ntopology_conf = \"t.conf\"\n",
+                         "job.toml")
+            .ok());
+}
+
+TEST_CASE("job.start from --set is checked like the file") {
+  auto r = parse_job_config("[rdma]\npreflight = \"off\"\n", "job.toml", {"job.start=early"});
+  REQUIRE(r.ok());
+  CHECK(r->job.start == StartMode::early);
+  auto bad = parse_job_config("", "job.toml", {"job.start=early"});
+  REQUIRE_FALSE(bad.ok());
+  CHECK(bad.error().message.find("--set job.start=early:") == 0);
+  CHECK(bad.error().message.find("rdma.preflight = \"off\"") != std::string::npos);
+}
+
 TEST_CASE("a missing file is one clear line") {
   auto r = load_job_config("/nonexistent/job.toml");
   REQUIRE_FALSE(r.ok());

@@ -26,6 +26,13 @@ namespace topolaunch::jobspec {
 using std::chrono::microseconds;
 using std::chrono::milliseconds;
 
+// [job] start: when an agent under Slurm forks its node's workers. "checked": after the agents'
+// exchange and the whole job's rank map. "early": right after reading its node's topology, from
+// a map of the step's nodes all taken to be like this one; the whole map, once exchanged, must
+// give this node the same ranks, or the workers are stopped and the attempt fails (architecture.md,
+// "Early start"). Outside Slurm there is no exchange: both are the same.
+enum class StartMode { checked, early };
+
 // [job]
 struct JobSection {
   std::string name = "job";  // [A-Za-z0-9._-]+, used in the job dir and run id
@@ -41,6 +48,7 @@ struct JobSection {
   milliseconds stop_grace{10'000};  // SIGTERM/SIGUSR1 -> SIGKILL of the process groups
   std::string job_dir;              // "" = ./topolaunch-jobs/<name>-<run id>
   std::string checkpoint_dir;       // "" = <job_dir>/checkpoints
+  StartMode start = StartMode::checked;
 };
 
 // [budget]: 0 means "no budget". Read by the agent (memory, gpu_memory: watched) and by the
@@ -228,6 +236,7 @@ Result<JobConfig> load_job_config(const std::string& path, const Overrides& over
 // that name a key are held to it (tests/unit/jobspec/test_message_keys.cpp).
 bool is_schema_key(std::string_view dotted);
 
+std::string_view to_string(StartMode mode);
 std::string_view to_string(PreflightMode mode);
 std::string_view to_string(GpuDirectPolicy policy);
 std::string_view to_string(WireupBackend backend);
