@@ -96,19 +96,23 @@ struct Worker {
 
 enum class StopKind { none, failure, signal, requeue };
 
+}  // namespace
+
+// Outside the unnamed namespace: StartedAttempt (attempt.hpp) holds one.
 class AttemptRunner {
  public:
   AttemptRunner(const Job& job, int attempt, int signal_fd)
       : job_(job), attempt_(attempt), signal_fd_(signal_fd) {}
 
-  // Runs the attempt to its end. Returns an error only when it could not start (bad port...).
-  Result<AttemptReport> run(std::optional<RootCause>& root_cause, int& stop_signal) {
+  // Starts the attempt's workers. An error only when it could not start (bad port...); a worker
+  // that cannot be spawned fails the attempt, which supervise() then ends.
+  Status start() {
     report_.attempt = attempt_;
     report_.started_s = seconds_between(job_.job_start, Clock::now());
-    const auto attempt_start = Clock::now();
+    attempt_start_ = Clock::now();
+    const auto attempt_start = attempt_start_;
     // Standalone: a fresh store per attempt (a fence left half-done by a dead worker must not
     // leak into the next attempt). Under Slurm the `run` process hosts it and passes its address.
-    std::unique_ptr<wireup::TcpStoreServer> store;
     std::string store_address = job_.external_store_address;
     if (store_address.empty()) {
       wireup::TcpStoreServerOptions store_options;
@@ -121,8 +125,8 @@ class AttemptRunner {
         return make_error(
             fmt::format("wireup.port: cannot start the TCP store: {}", started.error().message));
       }
-      store = std::move(*started);
-      store_address = store->address();
+      store_ = std::move(*started);
+      store_address = store_->address();
     }
     // After the store: a run refused for its port leaves no attempt behind (job.hpp: a job dir
     // with an attempt holds an earlier run).
@@ -220,11 +224,36 @@ class AttemptRunner {
     if (running_ == static_cast<int>(workers_.size())) {
       workers_started_unix_s_ = unix_now_s();
       workers_started_cpu_s_ = process_cpu_s();
+      workers_started_after_marks_ = job_.start_marks.size();
     }
+    return ok_status();
+  }
 
+  // The agent found, after the workers started, that the attempt cannot go on (job.start =
+  // "early": the exchange failed, or the whole map gives this node other ranks): the attempt
+  // fails with `what` as its root cause, and every worker gets SIGTERM, then SIGKILL after
+  // job.stop_grace; supervise() reaps them.
+  void fail_from_agent(const std::string& what, const std::string& phase) {
+    if (!first_failure_ || first_failure_is_consequence_) {
+      first_failure_ = RootCause{attempt_, -1, job_.node_name, what, phase, unix_now_s()};
+      first_failure_is_consequence_ = false;
+    }
+    for (Worker& w : workers_) {
+      if (w.running && w.outcome.cause.empty()) w.outcome.cause = "stopped";
+    }
+    if (stop_ == StopKind::none) {
+      stop_ = StopKind::failure;
+      kill_groups(SIGTERM);
+      kill_deadline_ = Clock::now() + job_.config.job.stop_grace;
+    }
+  }
+
+  // Supervises the started workers to the attempt's end and reports it.
+  AttemptReport finish(std::optional<RootCause>& root_cause, int& stop_signal) {
+    const auto attempt_start = attempt_start_;
     supervise();
 
-    if (store) store->stop();
+    if (store_) store_->stop();
     for (Worker& w : workers_) {
       w.figures.poll(w.outcome.figures);
       report_.ranks.push_back(w.outcome);
@@ -787,13 +816,17 @@ class AttemptRunner {
     n.wall_s = wall_s;
     // The agent's start led to the first attempt's workers; a restart's start is not one.
     if (attempt_ == 0 && !job_.start_marks.empty()) {
-      for (const Job::StartMark& m : job_.start_marks) {
+      // "workers_started" where it happened among the agent's own steps: after them all, or
+      // (job.start = "early") before the exchange's.
+      for (std::size_t i = 0; i <= job_.start_marks.size(); ++i) {
+        if (i == workers_started_after_marks_ && workers_started_unix_s_ > 0) {
+          n.start_marks_unix_s.emplace_back("workers_started", workers_started_unix_s_);
+          n.start_marks_cpu_s.emplace_back("workers_started", workers_started_cpu_s_);
+        }
+        if (i == job_.start_marks.size()) break;
+        const Job::StartMark& m = job_.start_marks[i];
         n.start_marks_unix_s.emplace_back(m.name, m.unix_s);
         n.start_marks_cpu_s.emplace_back(m.name, m.cpu_s);
-      }
-      if (workers_started_unix_s_ > 0) {
-        n.start_marks_unix_s.emplace_back("workers_started", workers_started_unix_s_);
-        n.start_marks_cpu_s.emplace_back("workers_started", workers_started_cpu_s_);
       }
     }
     if (!job_.gpu_watch) {
@@ -880,6 +913,10 @@ class AttemptRunner {
   // When the last worker of this node was spawned; 0: not all of them were.
   double workers_started_unix_s_ = 0;
   double workers_started_cpu_s_ = 0;
+  std::size_t workers_started_after_marks_ = 0;  // how many of job_.start_marks came before
+  Clock::time_point attempt_start_{};
+  // Standalone: this attempt's store (under Slurm `run` hosts it).
+  std::unique_ptr<wireup::TcpStoreServer> store_;
   Clock::time_point last_memory_check_{};
   Clock::duration memory_check_interval_ = 200ms;
   bool gpu_error_said_ = false;
@@ -890,8 +927,6 @@ class AttemptRunner {
   int allocated_gpus_ = 0;
 };
 
-}  // namespace
-
 // Signals the agent handles; blocked and read from a signalfd.
 sigset_t handled_signals() {
   sigset_t set;
@@ -900,10 +935,31 @@ sigset_t handled_signals() {
   return set;
 }
 
+Result<StartedAttempt> StartedAttempt::start(const Job& job, int attempt, int signal_fd) {
+  auto runner = std::make_unique<AttemptRunner>(job, attempt, signal_fd);
+  if (auto started = runner->start(); !started) return started.error();
+  return StartedAttempt(std::move(runner));
+}
+
+StartedAttempt::StartedAttempt(std::unique_ptr<AttemptRunner> runner)
+    : runner_(std::move(runner)) {}
+StartedAttempt::StartedAttempt(StartedAttempt&&) noexcept = default;
+StartedAttempt& StartedAttempt::operator=(StartedAttempt&&) noexcept = default;
+StartedAttempt::~StartedAttempt() = default;
+
+void StartedAttempt::fail(const std::string& what, const std::string& phase) {
+  runner_->fail_from_agent(what, phase);
+}
+
+AttemptReport StartedAttempt::supervise(std::optional<RootCause>& root_cause, int& stop_signal) {
+  return runner_->finish(root_cause, stop_signal);
+}
+
 Result<AttemptReport> run_attempt(const Job& job, int attempt, int signal_fd,
                                   std::optional<RootCause>& root_cause, int& stop_signal) {
-  AttemptRunner runner(job, attempt, signal_fd);
-  return runner.run(root_cause, stop_signal);
+  auto started = StartedAttempt::start(job, attempt, signal_fd);
+  if (!started) return started.error();
+  return started->supervise(root_cause, stop_signal);
 }
 
 }  // namespace topolaunch::launcher

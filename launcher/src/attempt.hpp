@@ -5,7 +5,9 @@
 #include <signal.h>
 #include <sys/signalfd.h>
 
+#include <memory>
 #include <optional>
+#include <string>
 
 #include "job.hpp"
 #include "process.hpp"
@@ -42,5 +44,31 @@ class SignalScope {
 // stop_signal to the signal that stopped it. An error only when it could not start (bad port...).
 Result<AttemptReport> run_attempt(const Job& job, int attempt, int signal_fd,
                                   std::optional<RootCause>& root_cause, int& stop_signal);
+
+class AttemptRunner;
+
+// run_attempt in two halves, for an agent that has more to do between them (job.start =
+// "early": the agents' exchange and the check of the whole map while the workers run). The
+// workers' output waits in their pipes, and signals in signal_fd, until supervise() reads them.
+class StartedAttempt {
+ public:
+  // Starts this node's ranks of job.map (run_attempt's first half). `job` must outlive this;
+  // its map may be replaced before supervise() by one that gives this node the same ranks.
+  static Result<StartedAttempt> start(const Job& job, int attempt, int signal_fd);
+  StartedAttempt(StartedAttempt&&) noexcept;
+  StartedAttempt& operator=(StartedAttempt&&) noexcept;
+  ~StartedAttempt();
+
+  // Fails the attempt from outside its workers: `what` becomes its root cause (rank -1, this
+  // node, `phase`), every worker gets SIGTERM, and SIGKILL after job.stop_grace; call supervise()
+  // next, which reaps them.
+  void fail(const std::string& what, const std::string& phase);
+  // Supervises the workers to the attempt's end (run_attempt's second half). Once only.
+  AttemptReport supervise(std::optional<RootCause>& root_cause, int& stop_signal);
+
+ private:
+  explicit StartedAttempt(std::unique_ptr<AttemptRunner> runner);
+  std::unique_ptr<AttemptRunner> runner_;
+};
 
 }  // namespace topolaunch::launcher
