@@ -24,6 +24,7 @@
 #include <sstream>
 
 #include "attempt.hpp"
+#include "early_start.hpp"
 #include "process.hpp"
 #include "report_merge.hpp"
 #include "topolaunch/jobspec/worker_contract.hpp"
@@ -252,8 +253,10 @@ int run_slurm(Job& job, int nodes, int signal_fd) {
     if (cause && !report.root_cause) report.root_cause = cause;
     report.attempts.push_back(merged);
     report.restarts_used = attempt;
-    if (cause && cause->phase == kMpiWithoutLauncherPhase && requested.empty()) {
-      // An MPI program without an MPI launcher fails the same way every time: bad input.
+    if (cause && requested.empty() &&
+        (cause->phase == kMpiWithoutLauncherPhase || cause->phase == kEarlyStartMismatchPhase)) {
+      // An MPI program without an MPI launcher, or an early start on nodes whose maps differ,
+      // fails the same way every time: bad input.
       report.status = "failed";
       exit_code = jobspec::exit_status::kBadInput;
       break;
@@ -326,23 +329,98 @@ int run_agent(const AgentOptions& options) {
   auto node = local_node_input(options.run, job.config, job.node_name);
   if (!node) return fail(node.error().message);
   mark("topology");
+  const std::string root_store_address = job.external_store_address;  // `run`'s workers' store
+  JobReport fragment;
+  fragment.job_name = job.config.job.name;
+  fragment.run_id = job.run_id;
+  fragment.job_dir = job.job_dir.string();
+  auto fragment_path = [&](int agent) {
+    return job.job_dir / fmt::format("attempt-{}", options.attempt) /
+           fmt::format("node-{}.json", agent);
+  };
+  // job.start = "early" (early_start.hpp): this node's workers start here, from the map of a
+  // step whose nodes are all like this one; their store address is this node's relay, whose
+  // socket listens from now on and serves once the exchange has told it the ranks it relays.
+  std::optional<StartedAttempt> early;
+  std::optional<wireup::TcpStoreListener> early_listener;
+  std::string early_relay_address;
+  if (job.config.job.start == jobspec::StartMode::early) {
+    auto refused = [&](const std::string& why) {
+      return fail(fmt::format("job.start = \"early\": {}; use start = \"checked\"", why));
+    };
+    auto names = step_node_names(current_environment(), nodes, job.node_name);
+    if (!names) return refused(names.error().message);
+    if (auto s = set_map(job, nodes_like(*node, *names), false); !s)
+      return refused("the map of this node's topology alone: " + s.error().message);
+    auto listener = wireup::TcpStoreListener::open("0.0.0.0");
+    if (!listener) return fail(listener.error().message);
+    early_relay_address = fmt::format("{}:{}", advertised_host(), listener->port());
+    early_listener.emplace(std::move(*listener));
+    // What the exchange below would do before the workers start: they get the TCP store, not
+    // the agent's PMI (its variables and the PMI2 socket stay the agent's).
+    std::erase_if(job.inherited,
+                  [](const auto& entry) { return is_agent_pmi_variable(entry.first); });
+    if (auto pmi_fd = env_int("PMI_FD", -1, -1); pmi_fd && *pmi_fd >= 0) {
+      ::fcntl(*pmi_fd, F_SETFD, FD_CLOEXEC);
+    }
+    job.external_store_address = early_relay_address;
+    if (auto s = start_metrics_server(job); !s) return fail(s.error().message);
+    open_gpu_watch(job);
+    auto started = StartedAttempt::start(job, options.attempt, signals.fd());
+    if (!started) return fail(started.error().message);
+    early.emplace(std::move(*started));
+  }
+  // After an early start nothing may end the agent before its workers are stopped and reaped:
+  // the attempt fails with `what` (one line naming job.start), supervised to its end, and this
+  // node's report says so (exit 2 for a map that differs: the same nodes would differ again).
+  auto fail_started = [&](const std::string& what, const char* phase, int agent) {
+    const std::string line = fmt::format("job.start = \"early\": {}", what);
+    std::fprintf(stderr, "topolaunch agent %s: %s\n", job.node_name.c_str(), line.c_str());
+    early->fail(line, phase);
+    std::optional<RootCause> cause;
+    int stop_signal = 0;
+    AttemptReport attempt = early->supervise(cause, stop_signal);
+    const bool mismatch = std::string_view(phase) == kEarlyStartMismatchPhase;
+    fragment.status = attempt.outcome;
+    fragment.exit_code = attempt.outcome == "failed" && mismatch
+                             ? jobspec::exit_status::kBadInput
+                             : exit_code_of(attempt.outcome, stop_signal);
+    fragment.root_cause = cause;
+    fragment.attempts.push_back(attempt);
+    std::error_code ec;
+    fs::create_directories(fragment_path(agent).parent_path(), ec);
+    (void)write_file(fragment_path(agent), to_json(fragment));
+    return fragment.exit_code != 0 ? fragment.exit_code : 1;
+  };
+  // `step`: what failed ("the agents' exchange"); a map that cannot be made is bad input as a
+  // map that differs is, the rest (a peer gone, a timeout) may pass on a restart.
+  auto fail_after_start = [&](const std::string& message, int agent,
+                              const char* step = "the agents' exchange") {
+    if (!early) return fail(message);
+    const bool map = std::string_view(step) == "the rank map";
+    return fail_started(
+        fmt::format("{} failed after this node's workers started: {}", step, message),
+        map ? kEarlyStartMismatchPhase : "wireup", agent);
+  };
   // The agents' exchange goes through the [wireup].backend store (agent_wireup.hpp).
   auto backend =
       agent_backend(job.config.wireup.backend, current_environment(), wireup::compiled_backends());
-  if (!backend) return fail(backend.error().message);
+  if (!backend) return fail_after_start(backend.error().message, *node_id);
   std::unique_ptr<wireup::KvStore> store;
   AgentTreeStore agents_tree;  // TCP: the agents' store through a relay tree (agent_wireup.hpp)
   if (*backend == wireup::Backend::tcp) {
     auto tree = connect_agents_tree(env_value("TOPOLAUNCH_AGENT_STORE").value_or(""), job.secret,
                                     *node_id, nodes, advertised_host(), job.config.wireup.timeout);
-    if (!tree) return fail(tree.error().message);
+    if (!tree) return fail_after_start(tree.error().message, *node_id);
     agents_tree = std::move(*tree);
     store = std::move(agents_tree.store);
   } else {
     Environment env = current_environment();
     env[jobspec::env::kWireup] = std::string(backend_name(*backend));
     auto connected = wireup::connect_from_env(env, job.config.wireup.timeout);
-    if (!connected) return fail(fmt::format("wireup.backend: {}", connected.error().message));
+    if (!connected)
+      return fail_after_start(fmt::format("wireup.backend: {}", connected.error().message),
+                              *node_id);
     store = std::move(*connected);
     // The PMI2 socket is the agent's own: workers must not inherit it.
     if (auto pmi_fd = env_int("PMI_FD", -1, -1); pmi_fd && *pmi_fd >= 0) {
@@ -350,8 +428,9 @@ int run_agent(const AgentOptions& options) {
     }
   }
   if (store->size() != nodes) {
-    return fail(fmt::format("wireup {}: {} agents in the store, {} nodes in the step",
-                            store->backend(), store->size(), nodes));
+    return fail_after_start(fmt::format("wireup {}: {} agents in the store, {} nodes in the step",
+                                        store->backend(), store->size(), nodes),
+                            *node_id);
   }
   const int agent_rank = store->rank();
   mark("agents_connected");
@@ -362,31 +441,47 @@ int run_agent(const AgentOptions& options) {
                 [](const auto& entry) { return is_agent_pmi_variable(entry.first); });
   // Records and distinct topologies (agent_wireup.hpp); the workers' relay's address travels in
   // the record, its tree is set up once the map says which ranks each node has.
-  auto workers_listener = wireup::TcpStoreListener::open("0.0.0.0");
+  Result<wireup::TcpStoreListener> workers_listener =
+      early_listener ? Result<wireup::TcpStoreListener>(std::move(*early_listener))
+                     : wireup::TcpStoreListener::open("0.0.0.0");
   if (!workers_listener) return fail(workers_listener.error().message);
   const std::string relay_address =
-      fmt::format("{}:{}", advertised_host(), workers_listener->port());
+      early ? early_relay_address
+            : fmt::format("{}:{}", advertised_host(), workers_listener->port());
   auto exchange = exchange_node_inputs(*store, *node, relay_address, job.config.wireup.timeout);
-  if (!exchange) return fail(exchange.error().message);
+  if (!exchange) return fail_after_start(exchange.error().message, agent_rank);
   mark("exchange");
-  if (auto s = set_map(job, exchange->nodes, agent_rank == 0); !s) return fail(s.error().message);
+  // The map the workers started from, kept for the check against the whole map.
+  std::optional<topology::RankMap> started_map;
+  if (early) started_map = std::move(job.map);
+  if (auto s = set_map(job, exchange->nodes, agent_rank == 0); !s)
+    return fail_after_start(s.error().message, agent_rank, "the rank map");
+  if (early) {
+    const std::string difference =
+        early_start_difference(*started_map, job.map, job.node_name, job.config);
+    if (!difference.empty()) {
+      return fail_started(
+          fmt::format("the agents' map differs from the one node {}'s workers started from (its "
+                      "own topology taken for every node): {}; its workers were stopped (nodes "
+                      "that differ need start = \"checked\")",
+                      job.node_name, difference),
+          kEarlyStartMismatchPhase, agent_rank);
+    }
+  }
   mark("map");
   auto workers_relay = start_workers_relay(std::move(*workers_listener), job.map, *exchange,
-                                           agent_rank, job.external_store_address, job.secret);
-  if (!workers_relay) return fail(workers_relay.error().message);
+                                           agent_rank, root_store_address, job.secret);
+  if (!workers_relay)
+    return fail_after_start(workers_relay.error().message, agent_rank, "the workers' relay");
   job.external_store_address = relay_address;  // this node's workers reach the store through it
   mark("relay");
 
-  JobReport fragment;
-  fragment.job_name = job.config.job.name;
-  fragment.run_id = job.run_id;
-  fragment.job_dir = job.job_dir.string();
   fragment.agent_wireup = std::string(store->backend());
-  const fs::path fragment_path = job.job_dir / fmt::format("attempt-{}", options.attempt) /
-                                 fmt::format("node-{}.json", agent_rank);
   if (options.attempt == 0) {
+    // With job.start = "early" the preflight is off (job_config.hpp): this writes its line.
     const PreflightStageOutcome preflight = preflight_stage(job, store.get());
     fragment.preflight = preflight.line;
+    if (!preflight.ok && early) return fail_started(preflight.line, "preflight", agent_rank);
     if (!preflight.ok) {
       AttemptReport failed;
       failed.attempt = options.attempt;
@@ -396,24 +491,29 @@ int run_agent(const AgentOptions& options) {
       fragment.root_cause = preflight_root_cause(job, options.attempt, preflight);
       fragment.attempts.push_back(failed);
       std::error_code ec;
-      fs::create_directories(fragment_path.parent_path(), ec);
-      (void)write_file(fragment_path, to_json(fragment));
+      fs::create_directories(fragment_path(agent_rank).parent_path(), ec);
+      (void)write_file(fragment_path(agent_rank), to_json(fragment));
       return preflight.exit_code;
     }
   }
-  if (auto s = start_metrics_server(job); !s) return fail(s.error().message);
-  open_gpu_watch(job);
-  mark("ready");
-
   std::optional<RootCause> cause;
   int stop_signal = 0;
-  auto result = run_attempt(job, options.attempt, signals.fd(), cause, stop_signal);
+  Result<AttemptReport> result = make_error("no attempt");
+  if (early) {
+    mark("ready");
+    result = early->supervise(cause, stop_signal);
+  } else {
+    if (auto s = start_metrics_server(job); !s) return fail(s.error().message);
+    open_gpu_watch(job);
+    mark("ready");
+    result = run_attempt(job, options.attempt, signals.fd(), cause, stop_signal);
+  }
   if (!result) return fail(result.error().message);
   fragment.status = result->outcome;
   fragment.exit_code = exit_code_of(result->outcome, stop_signal);
   fragment.root_cause = cause;
   fragment.attempts.push_back(*result);
-  if (auto written = write_file(fragment_path, to_json(fragment)); !written) {
+  if (auto written = write_file(fragment_path(agent_rank), to_json(fragment)); !written) {
     // `run` then has no report of this node: a requeue must not pass for success
     std::fprintf(stderr, "topolaunch agent %s: %s\n", job.node_name.c_str(),
                  written.error().message.c_str());
