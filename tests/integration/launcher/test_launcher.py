@@ -506,6 +506,26 @@ def case_bad_input():
     # and prints its own line.
     expect_bad_input(base + f'[wireup]\nport = {port}\n[rdma]\npreflight = "off"\n', str(port))
     taken.close()
+    # job.start = "early" refused with a preflight (the default "quick") or a switch tree.
+    expect_bad_input(base + 'start = "early"\n', 'job.start: "early" starts the workers before')
+    expect_bad_input('[job]\nranks_per_node = 2\nstart = "early"\n[mapping]\noversubscribe = true\n'
+                     'topology_conf = "/etc/slurm/topology.conf"\n[rdma]\npreflight = "off"\n',
+                     "mapping.topology_conf (line 6) orders them by the switch tree")
+
+
+def case_early_start_standalone():
+    """job.start = "early" outside Slurm: no exchange, so the same as "checked": every rank's
+    environment, the store exchange, and the start marks of the standalone run."""
+    config = write_config(extra_job='start = "early"')
+    rc, out, err = finish(start(config, "--exchange", "--sleep", "0.2"))
+    check(rc == 0, f"exit {rc}\n{err}")
+    check(report()["status"] == "succeeded", report()["status"])
+    for r in range(4):
+        log = log_of(r)
+        for expected in [f"env RANK={r}", f"env LOCAL_RANK={r}", "env WORLD_SIZE=4",
+                         "env LOCAL_WORLD_SIZE=4", "exchange 4/4"]:
+            check(expected in log, f"rank {r}: '{expected}' missing from its log:\n{log}")
+    check(not job_processes(), "something was left running")
 
 
 CASES = {name[5:]: fn for name, fn in globals().items() if name.startswith("case_")}

@@ -11,7 +11,10 @@ agent's log line name the backend, workers see no PMI variables), preflight_quic
 preflight on nodes without RDMA NICs: one line per agent, the job runs), preflight_missing_nic (a
 NIC named that does not exist: exit 2 before any worker, root cause named, no restart), mpi4py
 (an MPI program: the right allreduce on 2 nodes under srun --mpi=pmix --topolaunch=auto, refused
-with one line under topolaunch run).
+with one line under topolaunch run), early_start ([job] start = "early": env and binding per rank
+as the map says, workers started before the agents' exchange), early_start_mismatch (a 4-GPU node
+among 8-GPU ones: the whole map differs from what each node started, the job stops with one line,
+exit 2, no worker left running; the same job with start = "checked" runs).
 """
 import json
 import os
@@ -198,6 +201,128 @@ def case_preflight_missing_nic():
     print("root cause:", cause["what"])
 
 
+def host_cpus():
+    return sorted(os.sched_getaffinity(0))
+
+
+def parse_cpus(text):
+    out = []
+    for part in text.split(","):
+        if "-" in part:
+            a, b = part.split("-")
+            out += range(int(a), int(b) + 1)
+        elif part:
+            out.append(int(part))
+    return out
+
+
+def case_early_start():
+    # [job] start = "early" with the agents on the TCP store: each agent starts its workers
+    # before the exchange, and they meet the store at their node's relay. Every rank's
+    # environment is the map's (rankmap.json, written after the exchange) and its binding too.
+    sbatch("--exchange --sleep 0.5", extra_config='[wireup]\nbackend = "tcp"\n',
+           job_extra='start = "early"')
+    check_env_4x2("tcp")
+    themap = json.load(open(os.path.join(JOB_DIR, "rankmap.json")))
+    for entry in themap["ranks"]:
+        r = entry["rank"]
+        log = log_of(r)
+        env = dict(l[4:].split("=", 1) for l in log.splitlines() if l.startswith("env "))
+        for key, value in entry["env"].items():
+            if key in env:
+                check(env[key] == value, f"rank {r}: {key}={env[key]!r}, the map says {value!r}")
+        check(env["TOPOLAUNCH_RANKMAP_FILE"] == os.path.join(JOB_DIR, "rankmap.json"),
+              f"rank {r}: {env['TOPOLAUNCH_RANKMAP_FILE']}")
+        # The emulated nodes claim more CPUs than this host has: the map's that exist here.
+        want = sorted(set(parse_cpus(entry["cpus"])) & set(host_cpus())) or host_cpus()
+        got = parse_cpus(next(l for l in log.splitlines() if l.startswith("affinity "))[9:])
+        check(got == want, f"rank {r}: affinity {got}, the map's cpus here {want}")
+    rep = json.load(open(os.path.join(JOB_DIR, "report.json")))
+    for node in rep["attempts"][0]["nodes"]:
+        marks = [name for name, _ in node["start_marks_unix_s"]]
+        check(marks.index("workers_started") == marks.index("topology") + 1 and
+              marks.index("workers_started") < marks.index("exchange"),
+              f"{node['node']}: workers not started before the exchange: {marks}")
+        print(node["node"], " ".join(marks))
+
+
+def worker_pids_alive(marker):
+    """Live processes whose command line holds `marker` (this case's workers)."""
+    found = []
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                args = f.read().split(b"\0")
+            with open(f"/proc/{pid}/stat") as f:
+                zombie = f.read().rsplit(")", 1)[1].split()[0] == "Z"
+        except OSError:
+            continue
+        if not zombie and WORKER.encode() in args and marker.encode() in args:
+            found.append(int(pid))
+    return found
+
+
+def case_early_start_mismatch():
+    # A node unlike the others (n4: a 4-GPU GH200 board among 8-GPU nodes) with ranks from the
+    # GPUs (gpus_per_rank = 4): each agent started its workers from a map of nodes like its own
+    # (8 or 4 ranks in all), the agents' map has 7. Every agent stops its workers; the job fails
+    # as bad input (exit 2, not restarted) with one line naming job.start and the difference. The
+    # same job with start = "checked" runs.
+    topo = os.path.join(TMP, "topo")
+    shutil.copytree(os.path.join(CLUSTER, "topo"), topo)
+    shutil.copy(os.path.join(ROOT, "tests", "fixtures", "topology", "gh200-quad.xml"),
+                os.path.join(topo, "n4.xml"))
+    configs = {}
+    for start in ("early", "checked"):
+        configs[start] = os.path.join(TMP, f"{start}.toml")
+        with open(configs[start], "w") as f:
+            f.write(f'[job]\nname = "mix"\nstart = "{start}"\nstop_grace = "3s"\nrestarts = 2\n'
+                    '[mapping]\ngpus_per_rank = 4\n[rdma]\npreflight = "off"\n'
+                    '[wireup]\nbackend = "tcp"\n')
+    marker = "41.5"  # --sleep 41.5: this case's workers, to find any left behind
+    script = os.path.join(TMP, "job.sbatch")
+    with open(script, "w") as f:
+        f.write(f"""#!/bin/bash
+#SBATCH -N 4
+#SBATCH -o {TMP}/out.txt
+{TOPOLAUNCH} run {configs["early"]} --job-dir {JOB_DIR} --topology {topo}/%n.xml -- {WORKER} --sleep {marker}
+echo "early exit $?"
+{TOPOLAUNCH} run {configs["checked"]} --job-dir {TMP}/checked --topology {topo}/%n.xml -- {WORKER} --sleep 0.2
+echo "checked exit $?"
+""")
+    t0 = time.time()
+    proc = subprocess.run(["sbatch", "--parsable", "--wait", script], env=slurm_env(),
+                          capture_output=True, text=True, timeout=240)
+    out = output()
+    check("early exit 2" in out, f"sbatch {proc.returncode}: {out[-3000:]}")
+    check("checked exit 0" in out, out[-3000:])
+    check(not os.path.exists(os.path.join(JOB_DIR, "attempt-1")), "the job was restarted")
+    left = worker_pids_alive(marker)
+    check(not left, f"workers left running after the early start failed: {left}")
+    rep = json.load(open(os.path.join(JOB_DIR, "report.json")))
+    cause = rep["root_cause"]
+    check(rep["status"] == "failed" and cause and cause["phase"] == "early-start", rep)
+    what = cause["what"]
+    check(what.startswith('job.start = "early": the agents\' map differs from the one node ') and
+          "world size 7, not " in what and "its workers were stopped" in what, what)
+    check("\n" not in what, what)
+    said = [l for l in out.splitlines() if 'job.start = "early": the agents\' map differs' in l]
+    check(said, out[-3000:])
+    # Workers had started (their logs hold their pid), and none outlived the attempt.
+    pids = [int(l.split()[1]) for r in range(8) for l in log_of(r).splitlines()
+            if l.startswith("pid ")]
+    check(pids, "no worker had started: the early start did not start them")
+    check(not any(alive(p) for p in pids), f"a worker is still alive: {pids}")
+    stopped = [r for r in rep["attempts"][0]["ranks"] if r.get("cause") == "stopped"]
+    check(stopped, f"no rank stopped: {rep['attempts'][0]['ranks']}")
+    checked = json.load(open(os.path.join(TMP, "checked", "report.json")))
+    check(checked["status"] == "succeeded" and len(checked["attempts"][0]["ranks"]) == 7, checked)
+    print(f"root cause: {what}")
+    print(f"{len(pids)} workers started early, all stopped; {time.time() - t0:.1f}s")
+
+
 def case_kill9():
     job_id = sbatch("--sleep 120", wait=False)
     pids = wait_started()
@@ -292,7 +417,8 @@ try:
     {"env_4x2": case_env_4x2, "kill9": case_kill9, "usr1": case_usr1,
      "wireup_pmi2": case_wireup_pmi2, "wireup_pmix": case_wireup_pmix,
      "wireup_tcp": case_wireup_tcp, "preflight_quick": case_preflight_quick,
-     "preflight_missing_nic": case_preflight_missing_nic, "mpi4py": case_mpi4py}[CASE]()
+     "preflight_missing_nic": case_preflight_missing_nic, "mpi4py": case_mpi4py,
+     "early_start": case_early_start, "early_start_mismatch": case_early_start_mismatch}[CASE]()
     print("PASS", CASE)
 finally:
     stop_cluster()

@@ -323,3 +323,42 @@ TEST_CASE("a listener opened first takes clients that connect before its server 
   REQUIRE(c.ok());
   CHECK((*c)->allgather("solo", bytes_of("me"), 1000ms).ok());
 }
+
+TEST_CASE("workers that reach their node's relay before it serves wait for it (early start)") {
+  // job.start = "early": a node's workers start before the agents' exchange and connect to the
+  // relay's listener, which serves only once the exchange has told it the ranks below it; their
+  // connections wait in the backlog and then fence with the other node's ranks as usual.
+  Log log;
+  auto root = root_store(2, log);
+  auto listener = TcpStoreListener::open("127.0.0.1");
+  REQUIRE(listener.ok());
+  const std::string address = "127.0.0.1:" + std::to_string(listener->port());
+  auto early = std::async(std::launch::async, [&]() -> topolaunch::Status {
+    auto c = TcpStoreClient::connect({address, kSecret, 1, 2, 30000ms, 30000ms});
+    if (!c) return c.error();
+    auto all = (*c)->allgather("hello", bytes_of("one"), 10000ms);
+    if (!all) return all.error();
+    if (all->size() != 2 || text_of((*all)[0]) != "zero") return topolaunch::make_error("bad");
+    return topolaunch::ok_status();
+  });
+  auto direct = std::async(std::launch::async, [&]() -> topolaunch::Status {
+    auto c = TcpStoreClient::connect({root->address(), kSecret, 0, 2, 5000ms, 5000ms});
+    if (!c) return c.error();
+    auto all = (*c)->allgather("hello", bytes_of("zero"), 10000ms);
+    if (!all) return all.error();
+    return topolaunch::ok_status();
+  });
+  std::this_thread::sleep_for(500ms);  // the exchange: rank 1 waits in the relay's backlog
+  CHECK(early.wait_for(0ms) == std::future_status::timeout);
+  TcpStoreServerOptions options;
+  options.secret = kSecret;
+  options.world_size = 2;
+  options.upstream = root->address();
+  options.ranks = {1};
+  auto relay = TcpStoreServer::start(options, std::move(*listener));
+  REQUIRE(relay.ok());
+  auto waited = early.get();
+  INFO((waited.ok() ? std::string() : waited.error().message));
+  CHECK(waited.ok());
+  CHECK(direct.get().ok());
+}
