@@ -12,12 +12,14 @@ Starts a private cluster of --nodes nodes (tests/slurm/cluster-start, TOPOLAUNCH
         beside the late nodes' start (both launchers alike).
   srun_auto   `srun --topolaunch=auto` over the same nodes and ranks as the job user: every task's
         environment and binding checked; its launch time against plain srun in the same run.
+--start early sets [job] start = "early" in the runs' config: each agent starts its workers before
+the agents' exchange (the checks above then also see its start marks in that order).
 Prints PASS/FAIL per scenario and one JSON object per timing (peer figure, ratio, host load);
 --results FILE also gets the JSON lines. Exit 1 when any scenario failed. No pass/fail on timing.
 
   scale_suite.py --plugin SO --oracle map_oracle --scripts tests/slurm --topolaunch BIN
                  --worker test_worker --starter bench_launch_worker [--nodes 32] [--repeats 3]
-                 [--results FILE] [-k NAME] [--keep] [--linger-ms MS]
+                 [--results FILE] [-k NAME] [--keep] [--linger-ms MS] [--start early]
 """
 
 import argparse
@@ -107,8 +109,10 @@ class ScaleSuite(slurm_suite.Suite):
         config = os.path.join(base, "job.toml")
         with open(config, "w") as f:
             f.write('[job]\nname = "scale-%s"\nranks_per_node = %d\nstop_grace = "5s"\n'
+                    'start = "%s"\n'
                     '[mapping]\noversubscribe = true\n[rdma]\npreflight = "off"\n'
-                    '[wireup]\nbackend = "%s"\n' % (backend, RANKS_PER_NODE, backend))
+                    '[wireup]\nbackend = "%s"\n' % (backend, RANKS_PER_NODE, self.args.start,
+                                                     backend))
         topo = os.path.join(self.cluster.dir, "topo", "%n.xml")
         lines = ["#!/bin/bash", "#SBATCH -N %d" % len(self.nodes),
                  "#SBATCH -o %s/out.txt" % base, "now() { date +%s%N; }",
@@ -178,7 +182,8 @@ class ScaleSuite(slurm_suite.Suite):
         check(len(ours) == len(peer) == self.args.repeats, "launch timings missing: " + out[-2000:])
         phases = self.agent_phases(base, starts_at)
         line = {"measurement": "all_workers_started_ms", "launcher": "topolaunch run",
-                "wireup": backend, "peer": "srun -N%d -n%d" % (len(self.nodes), self.ranks),
+                "wireup": backend, "start": self.args.start,
+                "peer": "srun -N%d -n%d" % (len(self.nodes), self.ranks),
                 "worker_linger_ms": self.args.linger_ms,
                 "ms": ours, "ms_median": statistics.median(ours), "peer_ms": peer,
                 "peer_ms_median": statistics.median(peer),
@@ -201,7 +206,7 @@ class ScaleSuite(slurm_suite.Suite):
         self.record(line)
         if phases:
             self.record({"measurement": "agent_start_phases_ms", "launcher": "topolaunch run",
-                         "wireup": backend, "phases": phases,
+                         "wireup": backend, "start": self.args.start, "phases": phases,
                          "note": "ms from the command to the last agent past each step "
                                  "(first: the first agent), medians over the timed launches; "
                                  "agent_cpu_ms: the CPU an agent had used by then (user + "
@@ -231,7 +236,10 @@ class ScaleSuite(slurm_suite.Suite):
                 cpu_per_phase.setdefault(name, []).append(statistics.mean(ms))
         order = ["main", "config", "contained", "topology", "agents_connected", "exchange", "map",
                  "relay", "ready", "workers_started"]
-        names = sorted(per_phase, key=lambda n: order.index(n) if n in order else len(order))
+        # In the order the last agent passed them ("workers_started" comes before the exchange
+        # with job.start = "early"); the usual order among equals.
+        names = sorted(per_phase, key=lambda n: (statistics.median(b for _, b in per_phase[n]),
+                                                 order.index(n) if n in order else len(order)))
         return [dict({"step": n,
                       "first_ms": round(statistics.median(a for a, _ in per_phase[n]), 1),
                       "last_ms": round(statistics.median(b for _, b in per_phase[n]), 1)},
@@ -248,6 +256,21 @@ class ScaleSuite(slurm_suite.Suite):
         check(len(said) >= len(self.nodes), "%d agents said they use %s" % (len(said), backend))
         ranks = report["attempts"][0]["ranks"]
         check(len(ranks) == self.ranks, "report has %d ranks" % len(ranks))
+        # Every agent's steps in the order it took them: its workers started after its map
+        # ("checked") or right after its topology, before the agents' exchange ("early").
+        for node in report["attempts"][0]["nodes"]:
+            marks = [name for name, _ in node.get("start_marks_unix_s", [])]
+            check("workers_started" in marks and "exchange" in marks,
+                  "%s: start marks %s" % (node["node"], marks))
+            started, exchanged = marks.index("workers_started"), marks.index("exchange")
+            if self.args.start == "early":
+                check(marks[started - 1] == "topology" and started < exchanged,
+                      "%s: early start, yet start marks %s" % (node["node"], marks))
+            else:
+                check(started == len(marks) - 1, "%s: start marks %s" % (node["node"], marks))
+            at = [t for _, t in node["start_marks_unix_s"]]
+            check(at == sorted(at), "%s: start marks out of time order %s"
+                  % (node["node"], node["start_marks_unix_s"]))
         with open(os.path.join(job_dir, "rankmap.json")) as f:
             themap = json.load(f)
         oracle = {r["rank"]: r for r in self.oracle_for(os.path.join(job_dir, "..",
@@ -391,6 +414,8 @@ def main():
     parser.add_argument("--results", help="also write the timing JSON lines here")
     parser.add_argument("-k", help="run only scenarios whose name contains this")
     parser.add_argument("--keep", action="store_true", help="keep the cluster directory")
+    parser.add_argument("--start", choices=("checked", "early"), default="checked",
+                        help="[job] start of the topolaunch runs (docs/architecture.md)")
     parser.add_argument("--linger-ms", type=int, default=0,
                         help="the timed workers stay this long after recording their start")
     args = parser.parse_args()
