@@ -14,7 +14,9 @@ NIC named that does not exist: exit 2 before any worker, root cause named, no re
 with one line under topolaunch run), early_start ([job] start = "early": env and binding per rank
 as the map says, workers started before the agents' exchange), early_start_mismatch (a 4-GPU node
 among 8-GPU ones: the whole map differs from what each node started, the job stops with one line,
-exit 2, no worker left running; the same job with start = "checked" runs).
+exit 2, no worker left running; the same job with start = "checked" runs),
+early_start_exchange_fails (the agents' store unreachable after the workers started: every
+agent stops them, the attempt fails naming job.start and the exchange, no worker left).
 """
 import json
 import os
@@ -60,7 +62,8 @@ def slurm_env():
     return env
 
 
-def sbatch(worker_args, wait=True, extra_config="", rdma='preflight = "off"', job_extra=""):
+def sbatch(worker_args, wait=True, extra_config="", rdma='preflight = "off"', job_extra="",
+           script_extra=""):
     config = os.path.join(TMP, "job.toml")
     with open(config, "w") as f:
         f.write(f'[job]\nname = "sb"\nranks_per_node = 2\nstop_grace = "5s"\n{job_extra}\n'
@@ -70,6 +73,7 @@ def sbatch(worker_args, wait=True, extra_config="", rdma='preflight = "off"', jo
         f.write(f"""#!/bin/bash
 #SBATCH -N 4
 #SBATCH -o {TMP}/out.txt
+{script_extra}
 {TOPOLAUNCH} run {config} --job-dir {JOB_DIR} --topology {CLUSTER}/topo/%n.xml -- {WORKER} {worker_args}
 echo "topolaunch exit $?"
 """)
@@ -323,6 +327,32 @@ echo "checked exit $?"
     print(f"{len(pids)} workers started early, all stopped; {time.time() - t0:.1f}s")
 
 
+def case_early_start_exchange_fails():
+    # The agents' store cannot be reached (TOPOLAUNCH_STORE_HOST names an address no node can
+    # reach, wireup.timeout 2 s): each agent's workers are already running when its exchange
+    # fails. Every agent stops them and reports the failure (phase "wireup", a failed attempt:
+    # exit 1 with no restarts left), and no worker is left.
+    marker = "43.5"
+    sbatch(f"--sleep {marker}", extra_config='[wireup]\nbackend = "tcp"\ntimeout = "2s"\n',
+           job_extra='start = "early"', script_extra="export TOPOLAUNCH_STORE_HOST=192.0.2.1")
+    out = output()
+    check("topolaunch exit 1" in out, out[-3000:])
+    left = worker_pids_alive(marker)
+    check(not left, f"workers left running after the exchange failed: {left}")
+    pids = [int(l.split()[1]) for r in range(8) for l in log_of(r).splitlines()
+            if l.startswith("pid ")]
+    check(len(pids) == 8, f"{len(pids)} of 8 workers had started before the exchange")
+    check(not any(alive(p) for p in pids), f"a worker is still alive: {pids}")
+    rep = json.load(open(os.path.join(JOB_DIR, "report.json")))
+    cause = rep["root_cause"]
+    check(rep["status"] == "failed" and cause and cause["phase"] == "wireup", rep)
+    check(cause["what"].startswith('job.start = "early": the agents\' exchange failed after this '
+                                   "node's workers started: "), cause["what"])
+    ranks = rep["attempts"][0]["ranks"]
+    check(len(ranks) == 8 and all(r["cause"] == "stopped" for r in ranks), ranks)
+    print("root cause:", cause["what"])
+
+
 def case_kill9():
     job_id = sbatch("--sleep 120", wait=False)
     pids = wait_started()
@@ -418,7 +448,8 @@ try:
      "wireup_pmi2": case_wireup_pmi2, "wireup_pmix": case_wireup_pmix,
      "wireup_tcp": case_wireup_tcp, "preflight_quick": case_preflight_quick,
      "preflight_missing_nic": case_preflight_missing_nic, "mpi4py": case_mpi4py,
-     "early_start": case_early_start, "early_start_mismatch": case_early_start_mismatch}[CASE]()
+     "early_start": case_early_start, "early_start_mismatch": case_early_start_mismatch,
+     "early_start_exchange_fails": case_early_start_exchange_fails}[CASE]()
     print("PASS", CASE)
 finally:
     stop_cluster()
