@@ -214,7 +214,8 @@ __global__ void layernorm_backward_kernel(bf16* dx, float* dw, float* db, const 
 // warp's own shared-memory areas (not in registers: that would halve the warps per SM), laid out
 // [pack-of-lane k][half h][lane] in float4s so that a warp's 16-byte accesses hit distinct banks.
 // At the end the block adds its warps' areas and then dw/db(/dx_sum) with 16-byte fp32 atomics
-// (sm_90), one per 4 channels per block.
+// (sm_90), one per 4 channels per block. Up to 4 packs (C <= 1024) the registers are capped for
+// two blocks per SM: uncapped, C = 1024 took 178 registers and one block (8 warps) per SM.
 constexpr int kLayerNormBackwardThreads = 256;
 template <int kPacks, bool kSum>
 constexpr std::size_t layernorm_backward_smem_bytes() {
@@ -222,7 +223,7 @@ constexpr std::size_t layernorm_backward_smem_bytes() {
          sizeof(float4);
 }
 template <int kPacks, bool kSum>
-__global__ void __launch_bounds__(kLayerNormBackwardThreads, kPacks <= 3 ? 2 : 1)
+__global__ void __launch_bounds__(kLayerNormBackwardThreads, kPacks <= 4 ? 2 : 1)
     layernorm_backward_vec_kernel(bf16* dx, float* dw, float* db, float* dx_sum, const bf16* dy,
                                   const bf16* x, const bf16* w, const float* mean,
                                   const float* rstd, std::int64_t N, int C) {
