@@ -338,12 +338,25 @@ int run_agent(const AgentOptions& options) {
     return job.job_dir / fmt::format("attempt-{}", options.attempt) /
            fmt::format("node-{}.json", agent);
   };
+  // This node's workers reach the store through its relay: the socket listens from here on, its
+  // address travels in the agents' exchange, and the relay serves once the map says which ranks
+  // each node has.
+  auto workers_listener = wireup::TcpStoreListener::open("0.0.0.0");
+  if (!workers_listener) return fail(workers_listener.error().message);
+  const std::string relay_address =
+      fmt::format("{}:{}", advertised_host(), workers_listener->port());
+  // Workers get the TCP store; the agent's PMI variables describe the agent, not them, and its
+  // PMI2 socket stays its own. Before any worker is forked.
+  auto keep_pmi_from_workers = [&] {
+    std::erase_if(job.inherited,
+                  [](const auto& entry) { return is_agent_pmi_variable(entry.first); });
+    if (auto pmi_fd = env_int("PMI_FD", -1, -1); pmi_fd && *pmi_fd >= 0) {
+      ::fcntl(*pmi_fd, F_SETFD, FD_CLOEXEC);
+    }
+  };
   // job.start = "early" (early_start.hpp): this node's workers start here, from the map of a
-  // step whose nodes are all like this one; their store address is this node's relay, whose
-  // socket listens from now on and serves once the exchange has told it the ranks it relays.
+  // step whose nodes are all like this one, with the relay as their store address.
   std::optional<StartedAttempt> early;
-  std::optional<wireup::TcpStoreListener> early_listener;
-  std::string early_relay_address;
   if (job.config.job.start == jobspec::StartMode::early) {
     auto refused = [&](const std::string& why) {
       return fail(fmt::format("job.start = \"early\": {}; use start = \"checked\"", why));
@@ -352,18 +365,8 @@ int run_agent(const AgentOptions& options) {
     if (!names) return refused(names.error().message);
     if (auto s = set_map(job, nodes_like(*node, *names), false); !s)
       return refused("the map of this node's topology alone: " + s.error().message);
-    auto listener = wireup::TcpStoreListener::open("0.0.0.0");
-    if (!listener) return fail(listener.error().message);
-    early_relay_address = fmt::format("{}:{}", advertised_host(), listener->port());
-    early_listener.emplace(std::move(*listener));
-    // What the exchange below would do before the workers start: they get the TCP store, not
-    // the agent's PMI (its variables and the PMI2 socket stay the agent's).
-    std::erase_if(job.inherited,
-                  [](const auto& entry) { return is_agent_pmi_variable(entry.first); });
-    if (auto pmi_fd = env_int("PMI_FD", -1, -1); pmi_fd && *pmi_fd >= 0) {
-      ::fcntl(*pmi_fd, F_SETFD, FD_CLOEXEC);
-    }
-    job.external_store_address = early_relay_address;
+    keep_pmi_from_workers();
+    job.external_store_address = relay_address;
     if (auto s = start_metrics_server(job); !s) return fail(s.error().message);
     open_gpu_watch(job);
     auto started = StartedAttempt::start(job, options.attempt, signals.fd());
@@ -392,15 +395,16 @@ int run_agent(const AgentOptions& options) {
     (void)write_file(fragment_path(agent), to_json(fragment));
     return fragment.exit_code != 0 ? fragment.exit_code : 1;
   };
-  // `step`: what failed ("the agents' exchange"); a map that cannot be made is bad input as a
-  // map that differs is, the rest (a peer gone, a timeout) may pass on a restart.
+  // `step`: what failed ("the agents' exchange"). Its phase: "wireup" for what may pass on a
+  // restart (a peer gone, a timeout); a map that cannot be made is bad input as a map that
+  // differs is (kEarlyStartMismatchPhase).
   auto fail_after_start = [&](const std::string& message, int agent,
-                              const char* step = "the agents' exchange") {
+                              const char* step = "the agents' exchange",
+                              const char* phase = "wireup") {
     if (!early) return fail(message);
-    const bool map = std::string_view(step) == "the rank map";
     return fail_started(
-        fmt::format("{} failed after this node's workers started: {}", step, message),
-        map ? kEarlyStartMismatchPhase : "wireup", agent);
+        fmt::format("{} failed after this node's workers started: {}", step, message), phase,
+        agent);
   };
   // The agents' exchange goes through the [wireup].backend store (agent_wireup.hpp).
   auto backend =
@@ -422,10 +426,6 @@ int run_agent(const AgentOptions& options) {
       return fail_after_start(fmt::format("wireup.backend: {}", connected.error().message),
                               *node_id);
     store = std::move(*connected);
-    // The PMI2 socket is the agent's own: workers must not inherit it.
-    if (auto pmi_fd = env_int("PMI_FD", -1, -1); pmi_fd && *pmi_fd >= 0) {
-      ::fcntl(*pmi_fd, F_SETFD, FD_CLOEXEC);
-    }
   }
   if (store->size() != nodes) {
     return fail_after_start(fmt::format("wireup {}: {} agents in the store, {} nodes in the step",
@@ -436,18 +436,9 @@ int run_agent(const AgentOptions& options) {
   mark("agents_connected");
   std::fprintf(stderr, "topolaunch agent %s: wireup: agents exchange through %s (agent %d of %d)\n",
                job.node_name.c_str(), std::string(store->backend()).c_str(), agent_rank, nodes);
-  // Workers get the TCP store; the agent's PMI variables describe the agent, not them.
-  std::erase_if(job.inherited,
-                [](const auto& entry) { return is_agent_pmi_variable(entry.first); });
+  if (!early) keep_pmi_from_workers();
   // Records and distinct topologies (agent_wireup.hpp); the workers' relay's address travels in
-  // the record, its tree is set up once the map says which ranks each node has.
-  Result<wireup::TcpStoreListener> workers_listener =
-      early_listener ? Result<wireup::TcpStoreListener>(std::move(*early_listener))
-                     : wireup::TcpStoreListener::open("0.0.0.0");
-  if (!workers_listener) return fail(workers_listener.error().message);
-  const std::string relay_address =
-      early ? early_relay_address
-            : fmt::format("{}:{}", advertised_host(), workers_listener->port());
+  // the record.
   auto exchange = exchange_node_inputs(*store, *node, relay_address, job.config.wireup.timeout);
   if (!exchange) return fail_after_start(exchange.error().message, agent_rank);
   mark("exchange");
@@ -455,7 +446,8 @@ int run_agent(const AgentOptions& options) {
   std::optional<topology::RankMap> started_map;
   if (early) started_map = std::move(job.map);
   if (auto s = set_map(job, exchange->nodes, agent_rank == 0); !s)
-    return fail_after_start(s.error().message, agent_rank, "the rank map");
+    return fail_after_start(s.error().message, agent_rank, "the rank map",
+                            kEarlyStartMismatchPhase);
   if (early) {
     const std::string difference =
         early_start_difference(*started_map, job.map, job.node_name, job.config);
