@@ -1,5 +1,6 @@
-// Starting one worker: fork/exec as a process-group leader, bound to its cores and NUMA memory,
-// with its own environment and stdout/stderr pipes. Private to the launcher.
+// Starting one worker: a child that shares the agent's memory until its exec (process.cpp says
+// why), a process-group leader bound to its cores and NUMA memory, with its own environment and
+// stdout/stderr pipes. Private to the launcher.
 #pragma once
 
 #include <sys/types.h>
