@@ -42,11 +42,11 @@ Result<WorkerPlace> worker_place(const Environment& env) {
 
 HeartbeatWriter::HeartbeatWriter() {
   const char* path = std::getenv(env::kHeartbeatFile);
-  if (path != nullptr && *path != '\0') fd_ = ::open(path, O_WRONLY | O_CLOEXEC);
+  if (path != nullptr && *path != '\0') fd_ = ::open(path, O_WRONLY | O_CREAT | O_CLOEXEC, 0644);
 }
 
 HeartbeatWriter::HeartbeatWriter(const std::string& path)
-    : fd_(::open(path.c_str(), O_WRONLY | O_CLOEXEC)) {}
+    : fd_(::open(path.c_str(), O_WRONLY | O_CREAT | O_CLOEXEC, 0644)) {}
 
 HeartbeatWriter::~HeartbeatWriter() {
   if (fd_ >= 0) ::close(fd_);

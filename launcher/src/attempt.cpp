@@ -74,9 +74,10 @@ struct Worker {
   int rank = -1;
   SpawnedProcess process;
   LineStream out, err;
-  Fd log;
-  std::string heartbeat_path;
-  std::string error_path;  // TORCHELASTIC_ERROR_FILE
+  Fd log;                // rank-R.log, made at the rank's first line: a silent rank leaves none
+  std::string log_path;  // cleared when it cannot be made
+  std::string heartbeat_path;  // made by the rank's first beat
+  std::string error_path;      // TORCHELASTIC_ERROR_FILE
   Clock::time_point started;
   Clock::time_point last_beat;
   struct timespec beat_mtime {};
@@ -169,7 +170,6 @@ class AttemptRunner {
       w.outcome.node_name = job_.map.nodes[static_cast<std::size_t>(assignment.node)].name;
       w.heartbeat_path =
           (attempt_dir / "heartbeat" / fmt::format("rank-{}", assignment.rank)).string();
-      { std::ofstream create(w.heartbeat_path, std::ios::trunc); }
       // Not created: torch's @record writes it only when the rank raises.
       w.error_path =
           (attempt_dir / "error" / fmt::format("rank-{}.json", assignment.rank)).string();
@@ -177,13 +177,9 @@ class AttemptRunner {
       w.figures = StepFiguresTail(
           (attempt_dir / "metrics" / fmt::format("rank-{}.jsonl", assignment.rank)).string());
       fs::remove(w.figures.path(), ec);
-      struct stat created {};
-      if (::stat(w.heartbeat_path.c_str(), &created) == 0) {
-        w.beat_mtime = created.st_mtim;
-        w.beat_size = created.st_size;
-      }
-      w.log.reset(::open((attempt_dir / fmt::format("rank-{}.log", assignment.rank)).c_str(),
-                         O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
+      // Files are made when there is something to put in them, not before the rank starts: a
+      // job dir on a parallel file system pays a metadata round trip per file, two per rank.
+      w.log_path = (attempt_dir / fmt::format("rank-{}.log", assignment.rank)).string();
       workers_.push_back(std::move(w));
     }
     for (Worker& w : workers_) {
@@ -402,6 +398,10 @@ class AttemptRunner {
       w.mpi_singleton = true;
     if (&s == &w.err && line.find_first_not_of(" \t\r\n") != std::string_view::npos)
       s.last_line = report_safe_line(line);
+    if (!w.log.valid() && !w.log_path.empty()) {
+      w.log.reset(::open(w.log_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
+      if (!w.log.valid()) w.log_path.clear();
+    }
     if (w.log.valid()) write_all(w.log.get(), line);
     if (job_.options.quiet) return;
     std::string merged = fmt::format("[rank {}] {}", w.rank, line);

@@ -106,6 +106,23 @@ TEST_CASE("heartbeat: the counter as decimal text and a newline, overwritten in 
   std::remove(path);
 }
 
+TEST_CASE("heartbeat: the first beat makes the file the agent named") {
+  char dir[] = "/tmp/tl-heartbeat-dir-XXXXXX";
+  REQUIRE(::mkdtemp(dir) != nullptr);
+  const std::string path = std::string(dir) + "/rank-0";
+  {
+    HeartbeatWriter heartbeat{path};
+    REQUIRE(heartbeat.active());
+    heartbeat.beat(7);
+  }
+  std::ifstream in(path);
+  std::string text;
+  std::getline(in, text);
+  CHECK(text == "7");
+  std::remove(path.c_str());
+  ::rmdir(dir);
+}
+
 TEST_CASE("contract: every name once, with who sets it; exit statuses as documented") {
   std::set<std::string> names;
   for (const auto& v : kWorkerVariables) {

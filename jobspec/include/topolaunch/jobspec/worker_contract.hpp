@@ -215,7 +215,8 @@ inline constexpr int kJobSignalled = 128;  // + the signal number
 
 // ---- The heartbeat -----------------------------------------------------------------------
 // How a worker tells its agent "I am making progress" (any language can do it):
-//   - The agent creates one file per rank and passes its path in TOPOLAUNCH_HEARTBEAT_FILE.
+//   - The agent names one file per rank in TOPOLAUNCH_HEARTBEAT_FILE; the file does not exist
+//     until the worker first writes it (opened for writing with create, as below).
 //   - The worker overwrites the file with its progress counter (e.g. the step number) as decimal
 //     text and a newline, at least once per [job] heartbeat_timeout; a beat is any change of the
 //     file's mtime or content. Shell: `echo $step > "$TOPOLAUNCH_HEARTBEAT_FILE"`; Python:
