@@ -7,6 +7,7 @@
 #include <sstream>
 
 #include "tables.hpp"
+#include "topolaunch/common/digest.hpp"
 #include "topolaunch/common/isolated.hpp"
 #include "topolaunch/common/units.hpp"
 #include "topolaunch/jobspec/toml_guard.hpp"
@@ -156,13 +157,21 @@ Result<JobConfig> parse_job_config_isolated(std::string_view toml_text, const st
   return parse_job_config(toml_text, path, overrides);
 }
 
-Result<JobConfig> load_job_config(const std::string& path, const Overrides& overrides) {
+Result<JobConfig> load_job_config(const std::string& path, const Overrides& overrides,
+                                  std::string_view probed_digest) {
   std::ifstream in(path, std::ios::binary);
   if (!in) return make_error(fmt::format("{}: cannot read the job config (check the path)", path));
   std::ostringstream text;
   text << in.rdbuf();
   if (in.bad()) return make_error(fmt::format("{}: cannot read the job config", path));
-  return parse_job_config_isolated(text.str(), path, IsolationLimits{}, overrides);
+  std::string parsed = text.str();
+  for (const std::string& o : overrides) parsed += '\0' + o;
+  const std::string digest = content_digest(parsed);
+  auto config = !probed_digest.empty() && probed_digest == digest
+                    ? parse_job_config(text.str(), path, overrides)
+                    : parse_job_config_isolated(text.str(), path, IsolationLimits{}, overrides);
+  if (config) config->digest = digest;
+  return config;
 }
 
 std::string_view to_string(StartMode mode) {

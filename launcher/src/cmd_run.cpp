@@ -37,6 +37,7 @@ void register_agent_command(CLI::App& app, int& exit_code) {
   cmd->add_option("--job-dir", options->run.job_dir_override)->required();
   cmd->add_option("--run-id", options->run_id)->required();
   cmd->add_option("--attempt", options->attempt)->required();
+  cmd->add_option("--config-digest", options->run.probed_config_digest);
   cmd->add_flag("-q,--quiet", options->run.quiet);
   options->run.preflight = run_preflight_stage;
   cmd->callback([options, &exit_code] { exit_code = run_agent(*options); });

@@ -287,7 +287,7 @@ Result<Job> prepare_job(const RunOptions& options, const std::string& run_id) {
   Job job;
   job.job_start = Clock::now();
   job.options = options;
-  auto config = jobspec::load_job_config(options.config_path);
+  auto config = jobspec::load_job_config(options.config_path, {}, options.probed_config_digest);
   if (!config) return config.error();
   job.config = std::move(*config);
   if (!options.command_override.empty()) job.config.worker.command = options.command_override;

@@ -37,8 +37,9 @@ namespace topolaunch::launcher {
 namespace {
 
 // The address other nodes reach this one at: $TOPOLAUNCH_STORE_HOST, else the hostname's first
-// IPv4 address, else loopback.
-std::string advertised_host() {
+// IPv4 address, else loopback. Resolved once per process (an agent names it for its relay and
+// its tree link; each lookup reads the resolver's files).
+std::string resolve_advertised_host() {
   if (auto host = env_value("TOPOLAUNCH_STORE_HOST")) return *host;
   const std::string name = host_name();
   addrinfo hints{};
@@ -52,6 +53,11 @@ std::string advertised_host() {
     ::freeaddrinfo(found);
   }
   return out;
+}
+
+const std::string& advertised_host() {
+  static const std::string host = resolve_advertised_host();
+  return host;
 }
 
 // Starts srun with the handled signals unblocked, in its own process group, output inherited
@@ -146,7 +152,9 @@ int run_slurm(Job& job, int nodes, int signal_fd) {
                                   "--run-id",
                                   job.run_id,
                                   "--attempt",
-                                  std::to_string(attempt)};
+                                  std::to_string(attempt),
+                                  "--config-digest",
+                                  job.config.digest};
     if (!job.options.topology_path.empty()) {
       argv.insert(argv.end(), {"--topology", job.options.topology_path});
     }

@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <cstring>
 
+#include "topolaunch/common/digest.hpp"
 #include "topolaunch/topology/discover.hpp"
 #include "topolaunch/topology/serialize.hpp"
 
@@ -116,17 +117,7 @@ Status write_entry(const std::string& dir, const std::string& name, std::string_
   return ok_status();
 }
 
-std::string key_of(std::string_view bytes) {
-  auto fnv = [&](std::uint64_t hash) {
-    for (const unsigned char c : bytes) {
-      hash ^= c;
-      hash *= 0x100000001b3ULL;
-    }
-    return hash;
-  };
-  return fmt::format("{:016x}{:016x}", fnv(0xcbf29ce484222325ULL),
-                     fnv(0x6c62272e07bb0142ULL ^ bytes.size()));
-}
+std::string key_of(std::string_view bytes) { return content_digest(bytes); }
 
 std::string stat_signature(const struct stat& st) {
   return fmt::format("{} {} {} {}.{:09} {}.{:09}", st.st_dev, st.st_ino, st.st_size,

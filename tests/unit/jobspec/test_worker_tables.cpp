@@ -1,5 +1,6 @@
 // The built-in worker's tables ([model] [data] [train]) read by the same reader as the
 // launcher's, so `topolaunch check` refuses them before anything starts; and the --set overrides.
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -310,6 +311,45 @@ TEST_CASE("overrides go through the isolated probe too (load_job_config)") {
   REQUIRE_FALSE(bad.ok());
   CHECK(bad.error().message ==
         "--set train.batch=-1: train.batch: -1 is out of range (allowed 1..1048576)");
+  std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("load_job_config: the digest of bytes already probed skips the probe, no other does") {
+  char tmpl[] = "/tmp/tl-jobspec-XXXXXX";
+  REQUIRE(::mkdtemp(tmpl) != nullptr);
+  const std::filesystem::path dir(tmpl);
+  const std::string path = (dir / "job.toml").string();
+  std::ofstream(path) << "[job]\nrestarts = 2\n";
+  // A probe is a forked child, whose copy-on-write page faults show in RUSAGE_CHILDREN.
+  auto child_faults = [] {
+    rusage usage{};
+    ::getrusage(RUSAGE_CHILDREN, &usage);
+    return usage.ru_minflt;
+  };
+  long before = child_faults();
+  auto probed = load_job_config(path);
+  REQUIRE(probed.ok());
+  CHECK(child_faults() > before);
+  CHECK(probed->digest.size() == 32);
+
+  before = child_faults();
+  auto trusted = load_job_config(path, {}, probed->digest);
+  REQUIRE(trusted.ok());
+  CHECK(child_faults() == before);
+  CHECK(trusted->job.restarts == 2);
+  CHECK(trusted->digest == probed->digest);
+
+  // Other bytes, or the same bytes with overrides, are not the bytes that were probed.
+  auto with_override = load_job_config(path, {"job.restarts=3"}, probed->digest);
+  REQUIRE(with_override.ok());
+  CHECK(with_override->digest != probed->digest);
+  CHECK(child_faults() > before);
+  before = child_faults();
+  std::ofstream(path) << "[job]\nrestarts = 4\n";
+  auto changed = load_job_config(path, {}, probed->digest);
+  REQUIRE(changed.ok());
+  CHECK(changed->job.restarts == 4);
+  CHECK(child_faults() > before);
   std::filesystem::remove_all(dir);
 }
 

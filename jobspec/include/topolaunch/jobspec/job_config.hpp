@@ -201,7 +201,8 @@ struct TrainSpec {
 };
 
 struct JobConfig {
-  std::string path;  // the file it came from (also TOPOLAUNCH_CONFIG)
+  std::string path;    // the file it came from (also TOPOLAUNCH_CONFIG)
+  std::string digest;  // load_job_config: content_digest of the bytes and overrides it parsed
   JobSection job;
   topology::MappingSpec mapping;
   BudgetSection budget;
@@ -229,8 +230,13 @@ Result<JobConfig> parse_job_config(std::string_view toml_text, const std::string
 Result<JobConfig> parse_job_config_isolated(std::string_view toml_text, const std::string& path,
                                             const IsolationLimits& limits = {},
                                             const Overrides& overrides = {});
-// Reads `path` and parses it isolated.
-Result<JobConfig> load_job_config(const std::string& path, const Overrides& overrides = {});
+// Reads `path` and parses it isolated. A `probed_digest` equal to the bytes' and overrides'
+// digest says a probe of this process's user survived these very bytes (parsing is a function of
+// them): they are parsed here without another probe. `topolaunch run` passes its config's digest
+// to its agents, which read the same file on every node; a process that runs as anyone else (the
+// SPANK plugin in slurmstepd) never passes one.
+Result<JobConfig> load_job_config(const std::string& path, const Overrides& overrides = {},
+                                  std::string_view probed_digest = {});
 
 // Whether the job file knows "table.key" ("job.restarts", "mapping.explicit.rank"): messages
 // that name a key are held to it (tests/unit/jobspec/test_message_keys.cpp).

@@ -47,10 +47,13 @@ struct RunOptions {
   std::string topology_path;                  // hwloc XML / NodeTopology JSON instead of live
   std::vector<std::string> command_override;  // replaces [worker].command when not empty
   std::string job_dir_override;
-  bool quiet = false;        // no merged worker output on the terminal (logs still written)
-  bool print_json = false;   // print the JSON report instead of the human summary
-  bool local = false;        // inside a multi-node allocation, still run only on this node
-  bool resume = false;       // a job dir that holds an earlier run: continue there (job.hpp)
+  bool quiet = false;       // no merged worker output on the terminal (logs still written)
+  bool print_json = false;  // print the JSON report instead of the human summary
+  bool local = false;       // inside a multi-node allocation, still run only on this node
+  bool resume = false;      // a job dir that holds an earlier run: continue there (job.hpp)
+  // An agent's: the digest of the config `run` read and probed (jobspec::load_job_config); the
+  // same bytes here need no probe of their own.
+  std::string probed_config_digest;
   PreflightStage preflight;  // empty: no [rdma] preflight stage (the report says so)
 };
 

@@ -45,7 +45,7 @@ Result<std::string> topology_file_bytes(const std::string& path);
 // nodes) and renamed: a reader sees the whole entry or none.
 Status write_entry(const std::string& dir, const std::string& name, std::string_view bytes);
 
-// 128 bits of FNV-1a (two bases): the inputs are the site's or the user's own files in a
+// content_digest (common/digest.hpp): the inputs are the site's or the user's own files in a
 // directory only they write, so the key needs no resistance to a forger, only to chance.
 std::string key_of(std::string_view bytes);
 
