@@ -140,7 +140,20 @@ bool CpuSet::contains_all(const CpuSet& other) const {
   return std::includes(ids_.begin(), ids_.end(), other.ids_.begin(), other.ids_.end());
 }
 
-bool CpuSet::intersects(const CpuSet& other) const { return !(*this & other).empty(); }
+// A merge walk that stops at the first common id: the rank map asks this of every GPU's and
+// NIC's locality against every core, and building the intersection allocated each time.
+bool CpuSet::intersects(const CpuSet& other) const {
+  auto a = ids_.begin(), b = other.ids_.begin();
+  while (a != ids_.end() && b != other.ids_.end()) {
+    if (*a == *b) return true;
+    if (*a < *b) {
+      a = std::lower_bound(a, ids_.end(), *b);
+    } else {
+      b = std::lower_bound(b, other.ids_.end(), *a);
+    }
+  }
+  return false;
+}
 
 CpuSet CpuSet::operator&(const CpuSet& other) const {
   CpuSet out;

@@ -1,4 +1,6 @@
 // Plain data: CpuSet, PciAddress, NicFilter, Relation.
+#include <vector>
+
 #include "catch.hpp"
 #include "topolaunch/topology/cpuset.hpp"
 #include "topolaunch/topology/discover.hpp"
@@ -41,6 +43,24 @@ TEST_CASE("CpuSet set operations", "[cpuset]") {
   CHECK((a - b).to_list() == "0-1");
   CHECK(a.intersects(b));
   CHECK_FALSE(a.intersects(CpuSet({7})));
+  // The walk skips ahead on either side; interleaved sets that never meet, and ones that meet
+  // only at the last id of each, against the intersection's answer.
+  const CpuSet evens({0, 2, 4, 6, 8, 100}), odds({1, 3, 5, 7, 9, 101});
+  CHECK_FALSE(evens.intersects(odds));
+  CHECK_FALSE(odds.intersects(evens));
+  CHECK(evens.intersects(CpuSet({1, 3, 5, 100})));
+  CHECK(CpuSet({1, 3, 5, 100}).intersects(evens));
+  CHECK_FALSE(CpuSet().intersects(a));
+  CHECK_FALSE(a.intersects(CpuSet()));
+  for (int lo = 0; lo < 6; ++lo) {
+    for (int hi = lo; hi < 12; ++hi) {
+      std::vector<int> ids;
+      for (int i = lo; i <= hi; i += 3) ids.push_back(i);
+      const CpuSet c(ids);
+      CHECK(c.intersects(b) == !(c & b).empty());
+      CHECK(b.intersects(c) == !(b & c).empty());
+    }
+  }
   CHECK(a.contains_all(CpuSet({1, 2})));
   CHECK_FALSE(a.contains_all(b));
   CHECK(a.contains(3));
