@@ -170,6 +170,7 @@ class AttemptRunner {
       w.outcome.node_name = job_.map.nodes[static_cast<std::size_t>(assignment.node)].name;
       w.heartbeat_path =
           (attempt_dir / "heartbeat" / fmt::format("rank-{}", assignment.rank)).string();
+      fs::remove(w.heartbeat_path, ec);  // the file that appears is this rank's first beat
       // Not created: torch's @record writes it only when the rank raises.
       w.error_path =
           (attempt_dir / "error" / fmt::format("rank-{}.json", assignment.rank)).string();
