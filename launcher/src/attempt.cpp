@@ -111,7 +111,6 @@ class AttemptRunner {
     report_.attempt = attempt_;
     report_.started_s = seconds_between(job_.job_start, Clock::now());
     attempt_start_ = Clock::now();
-    const auto attempt_start = attempt_start_;
     // Standalone: a fresh store per attempt (a fence left half-done by a dead worker must not
     // leak into the next attempt). Under Slurm the `run` process hosts it and passes its address.
     std::string store_address = job_.external_store_address;
@@ -217,7 +216,7 @@ class AttemptRunner {
       w.running = true;
       ++running_;
     }
-    report_.all_started_s = seconds_between(attempt_start, Clock::now());
+    report_.all_started_s = seconds_between(attempt_start_, Clock::now());
     if (running_ == static_cast<int>(workers_.size())) {
       workers_started_unix_s_ = unix_now_s();
       workers_started_cpu_s_ = process_cpu_s();
@@ -238,16 +237,19 @@ class AttemptRunner {
     for (Worker& w : workers_) {
       if (w.running && w.outcome.cause.empty()) w.outcome.cause = "stopped";
     }
-    if (stop_ == StopKind::none) {
-      stop_ = StopKind::failure;
-      kill_groups(SIGTERM);
-      kill_deadline_ = Clock::now() + job_.config.job.stop_grace;
-    }
+    stop_for_failure(job_.config.job.stop_grace);
+  }
+
+  // The attempt's first failure stops every worker: SIGTERM now, SIGKILL after `grace`.
+  void stop_for_failure(Clock::duration grace) {
+    if (stop_ != StopKind::none) return;
+    stop_ = StopKind::failure;
+    kill_groups(SIGTERM);
+    kill_deadline_ = Clock::now() + grace;
   }
 
   // Supervises the started workers to the attempt's end and reports it.
   AttemptReport finish(std::optional<RootCause>& root_cause, int& stop_signal) {
-    const auto attempt_start = attempt_start_;
     supervise();
 
     if (store_) store_->stop();
@@ -255,9 +257,9 @@ class AttemptRunner {
       w.figures.poll(w.outcome.figures);
       report_.ranks.push_back(w.outcome);
     }
-    report_.nodes.push_back(node_usage(seconds_between(attempt_start, Clock::now())));
+    report_.nodes.push_back(node_usage(seconds_between(attempt_start_, Clock::now())));
     publish_metrics(Clock::now());
-    report_.wall_s = seconds_between(attempt_start, Clock::now());
+    report_.wall_s = seconds_between(attempt_start_, Clock::now());
     switch (stop_) {
       case StopKind::none:
         report_.outcome = "succeeded";
@@ -589,11 +591,7 @@ class AttemptRunner {
       first_failure_is_consequence_ = consequence;
     }
     if (w.outcome.cause.empty()) w.outcome.cause = "root cause";
-    if (stop_ == StopKind::none) {
-      stop_ = StopKind::failure;
-      kill_groups(SIGTERM);
-      kill_deadline_ = Clock::now() + std::min<Clock::duration>(job_.config.job.stop_grace, 2s);
-    }
+    stop_for_failure(std::min<Clock::duration>(job_.config.job.stop_grace, 2s));
   }
 
   void kill_groups(int sig) {

@@ -342,9 +342,13 @@ int run_agent(const AgentOptions& options) {
   fragment.job_name = job.config.job.name;
   fragment.run_id = job.run_id;
   fragment.job_dir = job.job_dir.string();
-  auto fragment_path = [&](int agent) {
-    return job.job_dir / fmt::format("attempt-{}", options.attempt) /
-           fmt::format("node-{}.json", agent);
+  // This node's report for `run` (attempt-N/node-<agent>.json).
+  auto write_fragment = [&](int agent) {
+    const fs::path path = job.job_dir / fmt::format("attempt-{}", options.attempt) /
+                          fmt::format("node-{}.json", agent);
+    std::error_code ec;
+    fs::create_directories(path.parent_path(), ec);
+    return write_file(path, to_json(fragment));
   };
   // This node's workers reach the store through its relay: the socket listens from here on, its
   // address travels in the agents' exchange, and the relay serves once the map says which ranks
@@ -398,9 +402,7 @@ int run_agent(const AgentOptions& options) {
                              : exit_code_of(attempt.outcome, stop_signal);
     fragment.root_cause = cause;
     fragment.attempts.push_back(attempt);
-    std::error_code ec;
-    fs::create_directories(fragment_path(agent).parent_path(), ec);
-    (void)write_file(fragment_path(agent), to_json(fragment));
+    (void)write_fragment(agent);
     return fragment.exit_code != 0 ? fragment.exit_code : 1;
   };
   // `step`: what failed ("the agents' exchange"). Its phase: "wireup" for what may pass on a
@@ -490,30 +492,26 @@ int run_agent(const AgentOptions& options) {
       fragment.exit_code = preflight.exit_code;
       fragment.root_cause = preflight_root_cause(job, options.attempt, preflight);
       fragment.attempts.push_back(failed);
-      std::error_code ec;
-      fs::create_directories(fragment_path(agent_rank).parent_path(), ec);
-      (void)write_file(fragment_path(agent_rank), to_json(fragment));
+      (void)write_fragment(agent_rank);
       return preflight.exit_code;
     }
   }
   std::optional<RootCause> cause;
   int stop_signal = 0;
-  Result<AttemptReport> result = make_error("no attempt");
-  if (early) {
-    mark("ready");
-    result = early->supervise(cause, stop_signal);
-  } else {
+  if (!early) {  // an early start did both before its workers
     if (auto s = start_metrics_server(job); !s) return fail(s.error().message);
     open_gpu_watch(job);
-    mark("ready");
-    result = run_attempt(job, options.attempt, signals.fd(), cause, stop_signal);
   }
+  mark("ready");
+  Result<AttemptReport> result =
+      early ? Result<AttemptReport>(early->supervise(cause, stop_signal))
+            : run_attempt(job, options.attempt, signals.fd(), cause, stop_signal);
   if (!result) return fail(result.error().message);
   fragment.status = result->outcome;
   fragment.exit_code = exit_code_of(result->outcome, stop_signal);
   fragment.root_cause = cause;
   fragment.attempts.push_back(*result);
-  if (auto written = write_file(fragment_path(agent_rank), to_json(fragment)); !written) {
+  if (auto written = write_fragment(agent_rank); !written) {
     // `run` then has no report of this node: a requeue must not pass for success
     std::fprintf(stderr, "topolaunch agent %s: %s\n", job.node_name.c_str(),
                  written.error().message.c_str());

@@ -24,6 +24,23 @@ std::string error_of(const std::string& toml, const Overrides& overrides = {}) {
   return r.error().message;
 }
 
+// A job file in a directory of its own, removed with it.
+struct TempJobFile {
+  std::filesystem::path dir;
+  std::string path;
+  explicit TempJobFile(const std::string& text) {
+    char tmpl[] = "/tmp/tl-jobspec-XXXXXX";
+    REQUIRE(::mkdtemp(tmpl) != nullptr);
+    dir = tmpl;
+    path = (dir / "job.toml").string();
+    std::ofstream(path) << text;
+  }
+  ~TempJobFile() {
+    std::error_code ec;
+    std::filesystem::remove_all(dir, ec);
+  }
+};
+
 }  // namespace
 
 TEST_CASE("the issue's bad worker tables: one line each, naming file:line:col and the key") {
@@ -299,11 +316,8 @@ TEST_CASE("--set overrides: TOML values, bare words as strings, checked like the
 }
 
 TEST_CASE("overrides go through the isolated probe too (load_job_config)") {
-  char tmpl[] = "/tmp/tl-jobspec-XXXXXX";
-  REQUIRE(::mkdtemp(tmpl) != nullptr);
-  const std::filesystem::path dir(tmpl);
-  const std::string path = (dir / "job.toml").string();
-  std::ofstream(path) << "[model]\nn_layer = 1\n";
+  const TempJobFile file("[model]\nn_layer = 1\n");
+  const std::string& path = file.path;
   auto r = load_job_config(path, {"train.steps=11"});
   REQUIRE(r.ok());
   CHECK(r->train.steps == 11);
@@ -311,15 +325,11 @@ TEST_CASE("overrides go through the isolated probe too (load_job_config)") {
   REQUIRE_FALSE(bad.ok());
   CHECK(bad.error().message ==
         "--set train.batch=-1: train.batch: -1 is out of range (allowed 1..1048576)");
-  std::filesystem::remove_all(dir);
 }
 
 TEST_CASE("load_job_config: the digest of bytes already probed skips the probe, no other does") {
-  char tmpl[] = "/tmp/tl-jobspec-XXXXXX";
-  REQUIRE(::mkdtemp(tmpl) != nullptr);
-  const std::filesystem::path dir(tmpl);
-  const std::string path = (dir / "job.toml").string();
-  std::ofstream(path) << "[job]\nrestarts = 2\n";
+  const TempJobFile file("[job]\nrestarts = 2\n");
+  const std::string& path = file.path;
   // A probe is a forked child, whose copy-on-write page faults show in RUSAGE_CHILDREN.
   auto child_faults = [] {
     rusage usage{};
@@ -350,7 +360,6 @@ TEST_CASE("load_job_config: the digest of bytes already probed skips the probe, 
   REQUIRE(changed.ok());
   CHECK(changed->job.restarts == 4);
   CHECK(child_faults() > before);
-  std::filesystem::remove_all(dir);
 }
 
 TEST_CASE("describe names the model and the training when there is a [model]") {
