@@ -60,8 +60,11 @@ TEST_CASE("spawn_worker: group, CPUs, environment, streams and signals of the ch
 
   SpawnRequest request;
   request.program = "/bin/sh";
+  // The shell's status is read with builtins, before it starts any command: while it waits for
+  // a child, dash blocks every signal itself (and `cat /proc/$$/status` saw that mask).
   request.argv = {"sh", "-c",
-                  "cat /proc/$$/status; echo \"pgid $(cut -d' ' -f5 /proc/$$/stat)\"; "
+                  "while IFS= read -r l; do printf '%s\\n' \"$l\"; done < /proc/$$/status; "
+                  "echo \"pgid $(cut -d' ' -f5 /proc/$$/stat)\"; "
                   "echo \"var $SPAWN_TEST_VAR\"; echo \"stdin $(readlink /proc/$$/fd/0)\"; "
                   "echo err >&2"};
   request.env = {{"SPAWN_TEST_VAR", "value with spaces"}, {"PATH", "/usr/bin:/bin"}};
