@@ -3,7 +3,7 @@
 // format-inl.h, so they match the headers every other object was compiled against.
 // g++ 13 (the GPU hosts') reports a false -Warray-bounds and -Wstringop-overflow inside fmt's
 // bigint (format_dragon), code that libfmt itself is compiled from; the file holds only fmt's code,
-// so the warning is off for all of it (a middle-end warning is placed after inlining, outside a
+// so both are off for all of it (a middle-end warning is placed after inlining, outside a
 // push/pop around the include).
 #pragma GCC diagnostic ignored "-Warray-bounds"
 #pragma GCC diagnostic ignored "-Wstringop-overflow"
