@@ -5,8 +5,10 @@
 // bigint (format_dragon), code that libfmt itself is compiled from; the file holds only fmt's code,
 // so both are off for all of it (a middle-end warning is placed after inlining, outside a
 // push/pop around the include).
+#if defined(__GNUC__) && !defined(__clang__)  // clang has no -Wstringop-overflow
 #pragma GCC diagnostic ignored "-Warray-bounds"
 #pragma GCC diagnostic ignored "-Wstringop-overflow"
+#endif
 #include <fmt/format-inl.h>
 
 FMT_BEGIN_NAMESPACE
