@@ -1,5 +1,5 @@
 // fmt's out-of-line definitions, compiled into a program that links them in instead of loading
-// libfmt.so (launcher/meson.build says which and why). They come from the installed fmt's own
+// libfmt.so (common/meson.build says which and why). They come from the installed fmt's own
 // format-inl.h, so they match the headers every other object was compiled against.
 // g++ 13 (the GPU hosts') reports a false -Warray-bounds and -Wstringop-overflow inside fmt's
 // bigint (format_dragon), code that libfmt itself is compiled from; the file holds only fmt's code,
