@@ -3,12 +3,12 @@
 that carry their C++ runtime must not load libstdc++, libgcc_s or libfmt either.
 
 usage: needed_libraries.py BINARY... [--runtime-linked-in BINARY...]
-UCX, ibverbs, PMIx and PMI2 are dlopened on first use (rdma/src/ucx_api.cpp, verbs_api.cpp, wireup/src/pmix_api.cpp,
-pmi2_api.cpp): a NEEDED entry for one of them would make every process start load it and the
-libraries it pulls in, and a node without it could not start the program at all. The binaries
-after --runtime-linked-in (`topolaunch` and the plugin, common/meson.build's runtime_*) start or
-are loaded once per node of every step and link libstdc++, libgcc and fmt in. Reads the
-dynamic section with readelf -d (binutils); without readelf the test fails.
+UCX, ibverbs, PMIx and PMI2 are dlopened on first use (rdma/src/ucx_api.cpp, verbs_api.cpp,
+wireup/src/pmix_api.cpp, pmi2_api.cpp): a NEEDED entry for one of them would make every process
+start load it and the libraries it pulls in, and a node without it could not start the program at
+all. The binaries after --runtime-linked-in (`topolaunch` and the plugin, common/meson.build's
+runtime_*) start or are loaded once per node of every step and link libstdc++, libgcc and fmt in.
+Reads the dynamic section with readelf -d (binutils); without readelf the test fails.
 """
 import re
 import shutil
