@@ -2,7 +2,8 @@
 # The GPU host's one command: configure, build, test and benchmark with meson, from the repository
 # root, results into $OUT. The H200 hosts (see docs/gpu-runs.md) have no toml++ (header-only) and
 # no Jane Austen data, so the build host prepares them first:
-#   tests/gpu/gpu-host.sh --prepare        on the build host: fills the ignored .carry-gpu/
+#   tests/gpu/gpu-host.sh --prepare [docs] on the build host: fills the ignored .carry-gpu/
+#                                          (docs: also the documentation corpus, docs-bpe8k)
 #   tests/gpu/gpu-host.sh [STEP...]        on the GPU host (default: setup build test)
 # STEPs: setup (meson setup, the configure summary), build (ninja), test (meson test --suite gpu;
 # --no-suite gpu-multi with fewer than 2 GPUs), bench (meson test --benchmark --suite gpu: each
@@ -31,6 +32,29 @@ if [ "${1:-}" = "--prepare" ]; then
   # holds 48K), for the fp8 step at B=64.
   "$worker" data prepare --corpus janeaustenr --out "$CARRY/data/austen-bpe8k-v25" \
     --vocab-size 8192 --val-fraction 0.25
+  if [ "${2:-}" = "docs" ]; then
+    # A larger real text for the fp8 step at B=64 (2,000 steps of 65,536 tokens see Austen's
+    # 0.73M training tokens ~180 times, and both precisions memorise them): the English
+    # documentation of Linux 6.1, Python 3.11 and Perl 5.36, from Debian's linux-source-6.1,
+    # python3.11-doc and perl-doc (42 MB of text, 11.5M training tokens: ~11 passes).
+    text=$(mktemp -d)
+    trap 'rm -rf "$text"' EXIT
+    for f in /usr/src/linux-source-6.1.tar.xz /usr/share/doc/python3.11/html/_sources \
+      /usr/share/perl/5.36.0/pod; do
+      [ -e "$f" ] || { echo "--prepare docs needs $f (apt-get install linux-source-6.1 python3.11-doc perl-doc)"; exit 2; }
+    done
+    tar -xJf /usr/src/linux-source-6.1.tar.xz -C "$text" --wildcards 'linux-source-6.1/Documentation/*'
+    # English prose only: no translations, device-tree bindings (YAML) or sysfs ABI entries
+    (cd "$text/linux-source-6.1/Documentation" && find . -type f \( -name '*.rst' -o -name '*.txt' \) \
+      -not -path './translations/*' -not -path './devicetree/*' -not -path './ABI/*' -print0 |
+      sort -z | xargs -0 cat) > "$text/linux-6.1-documentation.txt"
+    (cd /usr/share/doc/python3.11/html/_sources && find . -name '*.rst.txt' -print0 | sort -z |
+      xargs -0 cat) > "$text/python-3.11-documentation.txt"
+    (cd /usr/share/perl/5.36.0/pod && find . -name '*.pod' -print0 | sort -z | xargs -0 cat) \
+      > "$text/perl-5.36-documentation.txt"
+    rm -rf "$text/linux-source-6.1"
+    "$worker" data prepare --corpus "$text" --out "$CARRY/data/docs-bpe8k" --vocab-size 8192
+  fi
   du -sh "$CARRY"
   exit 0
 fi
