@@ -252,6 +252,18 @@ std::string_view to_string(TrainPrecision precision) {
   return "?";
 }
 
+std::string_view to_string(OffloadSetting offload) {
+  switch (offload) {
+    case OffloadSetting::none:
+      return "none";
+    case OffloadSetting::optimizer:
+      return "optimizer";
+    case OffloadSetting::automatic:
+      return "auto";
+  }
+  return "?";
+}
+
 std::string_view to_string(ShardSetting shard) {
   switch (shard) {
     case ShardSetting::none:

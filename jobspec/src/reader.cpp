@@ -70,6 +70,8 @@ const std::vector<TableSchema>& schema() {
         "metrics_file",
         "precision",
         "shard",
+        "offload",
+        "host_link_gbytes_per_s",
         "link_gbytes_per_s",
         "collective_latency_us",
         "compute_gflops",

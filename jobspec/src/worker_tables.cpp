@@ -152,6 +152,11 @@ void read_train(Reader& r, const toml::table& t, TrainSpec& train) {
                           {"gradients", ShardSetting::gradients},
                           {"parameters", ShardSetting::parameters},
                           {"auto", ShardSetting::automatic}});
+  r.choice<OffloadSetting>(t, "train", "offload", train.offload,
+                           {{"none", OffloadSetting::none},
+                            {"optimizer", OffloadSetting::optimizer},
+                            {"auto", OffloadSetting::automatic}});
+  r.number(t, "train", "host_link_gbytes_per_s", train.host_link_gbytes_per_s, 0.0, 1e6);
   r.number(t, "train", "link_gbytes_per_s", train.link_gbytes_per_s, 0.0, 1e6);
   r.number(t, "train", "collective_latency_us", train.collective_latency_us, 0.0, 1e9);
   r.number(t, "train", "compute_gflops", train.compute_gflops, 0.0, 1e12);

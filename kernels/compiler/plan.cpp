@@ -195,11 +195,24 @@ int fuse_elementwise(Graph& g) {
   return fused;
 }
 
+std::vector<bool> offloadable_optimizer_state(const Graph& g) {
+  std::vector<bool> out(g.tensors.size(), false);
+  for (const auto& op : g.ops) {
+    if (op.kind != OpKind::adamw && op.kind != OpKind::sharded_adamw) continue;
+    for (std::size_t k = 1; k < op.outputs.size(); ++k)
+      if (g[op.outputs[k]].role == Role::optimizer_state)
+        out[static_cast<std::size_t>(op.outputs[k])] = true;
+  }
+  return out;
+}
+
 MemoryPlan plan_memory(const Graph& g, const std::vector<TensorId>& gradient_order,
-                       std::size_t comm_bytes, std::size_t alignment) {
+                       std::size_t comm_bytes, std::size_t alignment, bool offload_optimizer) {
   MemoryPlan mp;
   mp.offsets.assign(g.tensors.size(), kNoOffset);
   const auto live = liveness(g);
+  const std::vector<bool> to_host =
+      offload_optimizer ? offloadable_optimizer_state(g) : std::vector<bool>(g.tensors.size());
   std::size_t cursor = 0;
   // A persistent tensor (a view: its base) that some op touches; one no op touches (a sharded
   // plan's per-parameter optimizer state, which the checkpoint names but the shards hold) gets
@@ -221,7 +234,7 @@ MemoryPlan plan_memory(const Graph& g, const std::vector<TensorId>& gradient_ord
     if (g[t].role == Role::gradient) put(t);
   mp.gradient_bytes = cursor - mp.parameter_bytes;
   for (TensorId t = 0; t < static_cast<TensorId>(g.tensors.size()); ++t)
-    if (g[t].role == Role::optimizer_state) put(t);
+    if (g[t].role == Role::optimizer_state && !to_host[static_cast<std::size_t>(t)]) put(t);
   mp.optimizer_bytes = cursor - mp.parameter_bytes - mp.gradient_bytes;
   mp.comm_bytes = align_up(comm_bytes, alignment);
   cursor += mp.comm_bytes;
@@ -314,6 +327,13 @@ MemoryPlan plan_memory(const Graph& g, const std::vector<TensorId>& gradient_ord
   for (const auto& b : bufs)
     for (auto t : b.tensors)
       mp.offsets[static_cast<std::size_t>(t)] = mp.persistent_bytes + b.offset;
+  mp.arena_bytes = mp.persistent_bytes + align_up(mp.planned_bytes, alignment);
+  // The offloaded state after the arena: [arena_bytes, arena_bytes + host_bytes).
+  cursor = mp.arena_bytes;
+  for (TensorId t = 0; t < static_cast<TensorId>(g.tensors.size()); ++t)
+    if (to_host[static_cast<std::size_t>(t)]) put(t);
+  mp.host_bytes = cursor - mp.arena_bytes;
+  mp.optimizer_bytes += mp.host_bytes;
   for (TensorId t = 0; t < static_cast<TensorId>(g.tensors.size()); ++t) {
     const TensorId base = g[t].view_of;
     if (base == kNoTensor || mp.offsets[static_cast<std::size_t>(base)] == kNoOffset) continue;
@@ -321,7 +341,6 @@ MemoryPlan plan_memory(const Graph& g, const std::vector<TensorId>& gradient_ord
         mp.offsets[static_cast<std::size_t>(base)] +
         static_cast<std::size_t>(g[t].view_offset) * dtype_bytes(g[base].dtype);
   }
-  mp.arena_bytes = mp.persistent_bytes + align_up(mp.planned_bytes, alignment);
   return mp;
 }
 
@@ -535,7 +554,8 @@ Result<Plan> compile_plan(Graph graph, const PlanOptions& opt) {
   if (cap == 0) cap = 25u << 20;
   // Every shard mode gets these buckets (the same cap), so that their segments, and the order
   // of every sum, are the same in every mode.
-  auto realize = [&](const std::vector<TensorId>& recomputed, ShardMode mode) {
+  auto realize = [&](const std::vector<TensorId>& recomputed, ShardMode mode,
+                     bool offload = false) {
     Realized r{apply_recompute(graph, recomputed), {}, {}};
     std::vector<TensorId> order;
     const bool bucketed = m.world_size > 1 || mode != ShardMode::none;
@@ -547,7 +567,7 @@ Result<Plan> compile_plan(Graph graph, const PlanOptions& opt) {
     }
     // Staging for a ring all-reduce: one chunk of the largest bucket per peer.
     const std::size_t staging = m.world_size > 1 ? max_bucket_bytes(r.comm) : 0;
-    r.memory = plan_memory(r.graph, order, staging, opt.alignment);
+    r.memory = plan_memory(r.graph, order, staging, opt.alignment, offload);
     for (auto& b : r.comm.buckets) {
       if (b.grad_buffer == kNoTensor) continue;
       b.offset = r.memory.offsets[static_cast<std::size_t>(b.grad_buffer)];
@@ -638,41 +658,113 @@ Result<Plan> compile_plan(Graph graph, const PlanOptions& opt) {
     });
     return cands;
   };
-
-  if (budget != 0 && best.memory.arena_bytes > budget) {
+  // Recomputation, cheapest per byte first, from `start` until the arena fits the budget.
+  struct Fitted {
+    Realized realized;
     std::vector<RecomputeDecision> chosen;
+    double extra_flops = 0;
+  };
+  auto fit = [&](Realized start, bool offload) {
+    Fitted f{std::move(start), {}, 0};
+    if (budget == 0 || f.realized.memory.arena_bytes <= budget) return f;
     std::vector<TensorId> S;
     for (const auto& c : fully_recomputed()) {
       S.push_back(c.tensor);
-      Realized r = realize(S, mode);
+      Realized r = realize(S, mode, offload);
       if (std::getenv("TOPOLAUNCH_PLAN_DEBUG"))
         std::fprintf(stderr, "remat try %s: %zu -> %zu\n", c.tensor_name.c_str(),
-                     best.memory.arena_bytes, r.memory.arena_bytes);
-      if (r.memory.arena_bytes < best.memory.arena_bytes) {
-        best = std::move(r);
-        chosen.push_back(c);
-        if (best.memory.arena_bytes <= budget) break;
+                     f.realized.memory.arena_bytes, r.memory.arena_bytes);
+      if (r.memory.arena_bytes < f.realized.memory.arena_bytes) {
+        f.realized = std::move(r);
+        f.chosen.push_back(c);
+        if (f.realized.memory.arena_bytes <= budget) break;
       } else {
         S.pop_back();
       }
     }
-    if (best.memory.arena_bytes > budget) {
-      const std::size_t model_state = best.memory.persistent_bytes;
-      if (budget < model_state)
-        return make_error(opt.budget_key + ": " + format_bytes(budget) +
-                          " is below the parameters, gradients and optimizer state (" +
-                          format_bytes(model_state) +
-                          "); the smallest budget that fits this model and batch is " +
-                          format_bytes(best.memory.arena_bytes));
-      return make_error(
-          opt.budget_key + ": the plan needs " + format_bytes(plan.unconstrained.arena_bytes) +
-          " and rematerialisation brings it down to " + format_bytes(best.memory.arena_bytes) +
-          ", above the budget of " + format_bytes(budget) + "; the smallest budget that fits is " +
-          format_bytes(best.memory.arena_bytes) + " (or reduce train.batch)");
+    for (const auto& op : f.realized.graph.ops)
+      if (op.phase == Phase::recompute) f.extra_flops += op_flops(f.realized.graph, op);
+    return f;
+  };
+  const double flops_per_ms = std::max(opt.comm.compute_gflops, 1e-9) * 1e6;
+  const int accum = std::max(opt.comm.grad_accum, 1);
+  // AdamW reads and writes each offloaded byte once per optimizer step.
+  auto offload_ms = [&](const MemoryPlan& mp) {
+    return 2.0 * static_cast<double>(mp.host_bytes) /
+           (std::max(opt.host_link_gbytes_per_s, 1e-9) * 1e6);
+  };
+  auto take = [&](Fitted f, bool offloaded) {
+    best = std::move(f.realized);
+    plan.recompute = std::move(f.chosen);
+    plan.extra_flops = f.extra_flops;
+    plan.recompute_ms = f.extra_flops / flops_per_ms;
+    plan.optimizer_offloaded = offloaded;
+    plan.offload_ms = offloaded ? offload_ms(best.memory) : 0.0;
+  };
+  auto ms_text = [](double ms) {
+    char b[32];
+    std::snprintf(b, sizeof b, "%.3g ms", ms);
+    return std::string(b);
+  };
+
+  if (opt.offload == OffloadMode::optimizer) {
+    take(fit(realize({}, mode, true), true), true);
+    plan.offload_reason = "offload = \"optimizer\": " + format_bytes(best.memory.host_bytes) +
+                          " of optimizer state in host memory";
+  } else if (budget != 0 && best.memory.arena_bytes > budget) {
+    Fitted in_device = fit(std::move(best), false);
+    const bool device_fits = in_device.realized.memory.arena_bytes <= budget;
+    if (opt.offload == OffloadMode::automatic) {
+      Fitted on_host = fit(realize({}, mode, true), true);
+      const bool host_fits = on_host.realized.memory.arena_bytes <= budget;
+      // Per micro-step: the recomputation runs in every one, the offload once per optimizer step.
+      const double device_cost = in_device.extra_flops / flops_per_ms;
+      const double host_cost =
+          on_host.extra_flops / flops_per_ms + offload_ms(on_host.realized.memory) / accum;
+      // Neither fits: the smaller, whose size the refusal names.
+      const bool offload = host_fits ? !device_fits || host_cost < device_cost
+                                     : !device_fits && on_host.realized.memory.arena_bytes <
+                                                           in_device.realized.memory.arena_bytes;
+      if (host_fits)
+        plan.offload_reason =
+            std::string("offload = \"auto\" ") +
+            (offload ? "moved the optimizer state to host memory: "
+                     : "kept the optimizer state "
+                       "in device memory: ") +
+            (device_fits ? "recomputation alone costs " + ms_text(device_cost) +
+                               " per micro-step, the offload " + ms_text(host_cost)
+                         : "without it no recomputation fits the budget") +
+            (offload ? " (" + format_bytes(on_host.realized.memory.host_bytes) + " over " +
+                           ms_text(offload_ms(on_host.realized.memory)) +
+                           " per optimizer step, at train.host_link_gbytes_per_s)"
+                     : "");
+      if (offload)
+        take(std::move(on_host), true);
+      else
+        take(std::move(in_device), false);
+    } else {
+      take(std::move(in_device), false);
     }
-    plan.recompute = std::move(chosen);
-    for (const auto& op : best.graph.ops)
-      if (op.phase == Phase::recompute) plan.extra_flops += op_flops(best.graph, op);
+  }
+  if (budget != 0 && best.memory.arena_bytes > budget) {
+    const std::size_t model_state = best.memory.persistent_bytes;
+    const std::string hint = opt.offload == OffloadMode::none
+                                 ? "; train.offload = \"auto\" or \"optimizer\" keeps the "
+                                   "optimizer state in host memory"
+                                 : "";
+    if (budget < model_state)
+      return make_error(opt.budget_key + ": " + format_bytes(budget) + " is below the " +
+                        (plan.optimizer_offloaded ? "parameters and gradients ("
+                                                  : "parameters, gradients and optimizer "
+                                                    "state (") +
+                        format_bytes(model_state) +
+                        "); the smallest budget that fits this model and batch is " +
+                        format_bytes(best.memory.arena_bytes) + hint);
+    return make_error(
+        opt.budget_key + ": the plan needs " + format_bytes(plan.unconstrained.arena_bytes) +
+        " and rematerialisation brings it down to " + format_bytes(best.memory.arena_bytes) +
+        ", above the budget of " + format_bytes(budget) + "; the smallest budget that fits is " +
+        format_bytes(best.memory.arena_bytes) + " (or reduce train.batch)" + hint);
   }
   plan.graph = std::move(best.graph);
   plan.memory = std::move(best.memory);
@@ -794,13 +886,14 @@ std::string format_plan(const Plan& p, bool list_ops) {
   row("parameters", mp.parameter_bytes);
   row("gradients", mp.gradient_bytes);
   row("optimizer state", mp.optimizer_bytes);
+  if (mp.host_bytes) row("  of which in host memory", mp.host_bytes);
   row("communication buffers", mp.comm_bytes);
   row("planned region (activations, inputs,", mp.planned_bytes);
   row("  workspace; reused by liveness)", 0);
   row("  at peak: activations", mp.activation_peak_bytes);
   row("  at peak: workspace", mp.workspace_peak_bytes);
   row("  at peak: inputs", mp.input_bytes);
-  row("arena total", mp.arena_bytes);
+  row(mp.host_bytes ? "arena total (device memory)" : "arena total", mp.arena_bytes);
   row("max-live lower bound", mp.max_live_bytes);
   std::snprintf(line, sizeof line,
                 "  arena / lower bound                %14.4f   (greedy order: %s, peak at op %d)\n",
@@ -822,6 +915,14 @@ std::string format_plan(const Plan& p, bool list_ops) {
       s += line;
     }
   }
+  if (p.optimizer_offloaded) {
+    std::snprintf(line, sizeof line,
+                  "offload: %s of optimizer state in host memory, read and written by AdamW "
+                  "(%.3g ms per optimizer step at the model's host link)\n",
+                  format_bytes(mp.host_bytes).c_str(), p.offload_ms);
+    s += line;
+  }
+  if (!p.offload_reason.empty()) s += "  " + p.offload_reason + "\n";
   const CommPlan& c = p.comm;
   if (c.shard != ShardMode::none) {
     std::snprintf(line, sizeof line,

@@ -37,7 +37,10 @@ CpuExecutor<F>::CpuExecutor(const Plan& plan) : plan_(plan) {
                                   std::string(dtype_name(t.dtype)) + ", this executor runs " +
                                   std::string(dtype_name(kFloatType<F>)));
   }
-  const std::size_t bytes = std::max<std::size_t>(plan_.memory.arena_bytes, 256);
+  // An offloaded optimizer state follows the arena (MemoryPlan::host_bytes): here both are host
+  // memory, one allocation.
+  const std::size_t bytes =
+      std::max<std::size_t>(plan_.memory.arena_bytes + plan_.memory.host_bytes, 256);
   arena_ = static_cast<std::byte*>(::operator new (bytes, std::align_val_t{256}));
   std::memset(arena_, 0, bytes);
   first_optimizer_op_ = plan_.graph.ops.size();

@@ -252,6 +252,18 @@ Status CudaExecutor::init() {
               "cudaMalloc of the " + format_bytes(bytes) + " arena (plan.memory.arena_bytes)");
   arena_ = static_cast<std::byte*>(arena);
   TL_CUDA_TRY(cudaMemsetAsync(arena_, 0, bytes, stream_), "arena memset");
+  if (plan_.memory.host_bytes > 0) {
+    // Kernels read and write it in place over the host link (zero-copy), in the step's graph.
+    const std::size_t host = plan_.memory.host_bytes;
+    TL_CUDA_TRY(cudaHostAlloc(&host_state_, host, cudaHostAllocMapped | cudaHostAllocPortable),
+                "cudaHostAlloc of the " + format_bytes(host) +
+                    " of offloaded optimizer state (plan.memory.host_bytes)");
+    std::memset(host_state_, 0, host);
+    void* mapped = nullptr;
+    TL_CUDA_TRY(cudaHostGetDevicePointer(&mapped, host_state_, 0),
+                "the device's pointer to the offloaded optimizer state");
+    host_state_device_ = static_cast<std::byte*>(mapped);
+  }
   // The attention choice may time both implementations on the arena's attention tensors: before
   // anything lives there, and the arena is zeroed again after it.
   TL_STATUS_TRY(choose_attention());
@@ -871,6 +883,7 @@ CudaExecutor::~CudaExecutor() {
   if (tables_ != nullptr) cudaFree(tables_);
   if (fp8_memory_ != nullptr) cudaFree(fp8_memory_);
   if (arena_ != nullptr) cudaFree(arena_);
+  if (host_state_ != nullptr) cudaFreeHost(host_state_);
   if (comm_stream_ != nullptr) cudaStreamDestroy(comm_stream_);
   if (stream_ != nullptr) cudaStreamDestroy(stream_);
 }
@@ -879,6 +892,8 @@ void* CudaExecutor::device_pointer(TensorId t) const {
   if (t == kNoTensor) return nullptr;
   const std::size_t off = plan_.memory.offsets[static_cast<std::size_t>(t)];
   if (off == kNoOffset) return nullptr;
+  if (off >= plan_.memory.arena_bytes && host_state_device_ != nullptr)
+    return host_state_device_ + (off - plan_.memory.arena_bytes);
   return arena_ + off;
 }
 
@@ -889,6 +904,9 @@ Status CudaExecutor::set_parameter(TensorId p, std::span<const float> values) {
     return make_error("cuda backend: set_parameter: '" + t.name + "' takes " +
                       std::to_string(t.elements()) + " values, got " +
                       std::to_string(values.size()));
+  // The master copy may be offloaded host memory: the copy is the host's, after the stream's
+  // kernels.
+  TL_CUDA_TRY(cudaStreamSynchronize(stream_), "synchronise");
   if (plan_.comm.shard != ShardMode::none) {
     // This rank's part into the master shard, rounded into the working copy's shard (ZeRO-3) or
     // the whole working copy (ZeRO-1/2: every rank holds the parameters, the view of the bucket).
@@ -904,7 +922,7 @@ Status CudaExecutor::set_parameter(TensorId p, std::span<const float> values) {
     if (sl.count > 0) {
       TL_CUDA_TRY(cudaMemcpyAsync(master + sl.shard_offset, values.data() + sl.member_begin,
                                   static_cast<std::size_t>(sl.count) * sizeof(float),
-                                  cudaMemcpyHostToDevice, stream_),
+                                  cudaMemcpyDefault, stream_),
                   "copy of parameter " + t.name);
       to_bf16(shard + sl.shard_offset, master + sl.shard_offset, sl.count, stream_);
     }
@@ -915,7 +933,7 @@ Status CudaExecutor::set_parameter(TensorId p, std::span<const float> values) {
         std::memcpy(&bits[i], &h, 2);
       }
       TL_CUDA_TRY(cudaMemcpyAsync(device_pointer(p), bits.data(), bits.size() * 2,
-                                  cudaMemcpyHostToDevice, stream_),
+                                  cudaMemcpyDefault, stream_),
                   "copy of parameter " + t.name);
     }
     TL_CUDA_TRY(cudaStreamSynchronize(stream_), "copy of parameter " + t.name);
@@ -926,8 +944,8 @@ Status CudaExecutor::set_parameter(TensorId p, std::span<const float> values) {
   if (dst == nullptr) return ok_status();  // no op touches it
   if (master != kNoTensor && device_pointer(master) != nullptr) {
     float* m = static_cast<float*>(device_pointer(master));
-    TL_CUDA_TRY(cudaMemcpyAsync(m, values.data(), values.size() * sizeof(float),
-                                cudaMemcpyHostToDevice, stream_),
+    TL_CUDA_TRY(cudaMemcpyAsync(m, values.data(), values.size() * sizeof(float), cudaMemcpyDefault,
+                                stream_),
                 "copy of parameter " + t.name);
     to_bf16(static_cast<bf16*>(dst), m, t.elements(), stream_);
   } else {
@@ -936,7 +954,7 @@ Status CudaExecutor::set_parameter(TensorId p, std::span<const float> values) {
       const __nv_bfloat16 h = __float2bfloat16(values[i]);
       std::memcpy(&b[i], &h, 2);
     }
-    TL_CUDA_TRY(cudaMemcpyAsync(dst, b.data(), b.size() * 2, cudaMemcpyHostToDevice, stream_),
+    TL_CUDA_TRY(cudaMemcpyAsync(dst, b.data(), b.size() * 2, cudaMemcpyDefault, stream_),
                 "copy of parameter " + t.name);
   }
   // The host buffers are the caller's: finish the copies before returning.
@@ -967,11 +985,11 @@ Result<std::vector<float>> CudaExecutor::values(TensorId t) {
   std::vector<float> out(n);
   TL_CUDA_TRY(cudaStreamSynchronize(stream_), "synchronise");
   if (tensor.dtype == DType::f32) {
-    TL_CUDA_TRY(cudaMemcpy(out.data(), src, n * sizeof(float), cudaMemcpyDeviceToHost),
+    TL_CUDA_TRY(cudaMemcpy(out.data(), src, n * sizeof(float), cudaMemcpyDefault),
                 "copy of " + tensor.name);
   } else if (tensor.dtype == DType::bf16) {
     std::vector<std::uint16_t> b(n);
-    TL_CUDA_TRY(cudaMemcpy(b.data(), src, n * 2, cudaMemcpyDeviceToHost), "copy of " + tensor.name);
+    TL_CUDA_TRY(cudaMemcpy(b.data(), src, n * 2, cudaMemcpyDefault), "copy of " + tensor.name);
     for (std::size_t i = 0; i < n; ++i) out[i] = bf16_to_float(b[i]);
   } else {
     return make_error("cuda backend: tensor '" + tensor.name + "' is not a float tensor");
@@ -1141,8 +1159,10 @@ Status CudaExecutor::set_values(TensorId t, std::span<const float> values) {
                       (tensor.dtype == DType::f32 ? "" : " (it is not an fp32 tensor)"));
   void* dst = device_pointer(t);
   if (dst == nullptr) return make_error("cuda backend: tensor '" + tensor.name + "' has no offset");
-  TL_CUDA_TRY(cudaMemcpyAsync(dst, values.data(), values.size() * sizeof(float),
-                              cudaMemcpyHostToDevice, stream_),
+  // An offloaded tensor is host memory: the copy is the host's, after the stream's kernels.
+  TL_CUDA_TRY(cudaStreamSynchronize(stream_), "synchronise");
+  TL_CUDA_TRY(cudaMemcpyAsync(dst, values.data(), values.size() * sizeof(float), cudaMemcpyDefault,
+                              stream_),
               "copy of " + tensor.name);
   // the host buffer is the caller's: finish the copy before returning
   TL_CUDA_TRY(cudaStreamSynchronize(stream_), "copy of " + tensor.name);
@@ -1158,7 +1178,7 @@ Status CudaExecutor::read_values(TensorId t, std::size_t offset, std::span<float
                       "' is not an fp32 tensor of the arena holding that range");
   TL_CUDA_TRY(cudaStreamSynchronize(stream_), "synchronise");
   TL_CUDA_TRY(cudaMemcpy(out.data(), static_cast<const float*>(src) + offset,
-                         out.size() * sizeof(float), cudaMemcpyDeviceToHost),
+                         out.size() * sizeof(float), cudaMemcpyDefault),
               "copy of " + tensor.name);
   return ok_status();
 }
@@ -1170,8 +1190,9 @@ Status CudaExecutor::write_values(TensorId t, std::size_t offset, std::span<cons
       offset + values.size() > static_cast<std::size_t>(tensor.elements()))
     return make_error("cuda backend: write_values: '" + tensor.name +
                       "' is not an fp32 tensor of the arena holding that range");
+  TL_CUDA_TRY(cudaStreamSynchronize(stream_), "synchronise");  // as in set_values
   TL_CUDA_TRY(cudaMemcpyAsync(static_cast<float*>(dst) + offset, values.data(),
-                              values.size() * sizeof(float), cudaMemcpyHostToDevice, stream_),
+                              values.size() * sizeof(float), cudaMemcpyDefault, stream_),
               "copy of " + tensor.name);
   TL_CUDA_TRY(cudaStreamSynchronize(stream_), "copy of " + tensor.name);
   return ok_status();
@@ -1870,6 +1891,7 @@ DeviceMemory CudaExecutor::memory() const {
   m.workspace_bytes = std::size_t{32} << 20;
   m.attention_workspace_bytes = cudnn_workspace_alloc_bytes_;
   m.fp8_scratch_bytes = fp8_memory_bytes_;
+  m.host_bytes = plan_.memory.host_bytes;
   std::size_t free_bytes = 0, total_bytes = 0;
   if (cudaMemGetInfo(&free_bytes, &total_bytes) == cudaSuccess) {
     m.used_bytes = total_bytes - free_bytes;

@@ -161,6 +161,7 @@ struct DeviceMemory {
   std::size_t attention_workspace_bytes = 0;  // cuDNN's workspace outside the arena (0: planned
                                               // in the arena, or our kernels)
   std::size_t fp8_scratch_bytes = 0;          // fp8: the cast operands and their scaling state
+  std::size_t host_bytes = 0;  // offloaded optimizer state: pinned host memory (plan.memory)
   std::size_t used_bytes = 0;  // cudaMemGetInfo: total - free, now (context included)
   std::size_t total_bytes = 0;
 };
@@ -321,6 +322,10 @@ class CudaExecutor {
   CudaExecutorOptions options_;
   GpuCommunicator* comm_ = nullptr;
   std::byte* arena_ = nullptr;
+  // The offloaded optimizer state (plan.memory.host_bytes): pinned host memory mapped into the
+  // device's address space, the device's pointer to it, for offsets from arena_bytes on.
+  void* host_state_ = nullptr;
+  std::byte* host_state_device_ = nullptr;
   cudaStream_t stream_ = nullptr;
   cudaStream_t comm_stream_ = nullptr;
   std::unique_ptr<Matmul> matmul_;

@@ -579,6 +579,24 @@ int run_worker(const WorkerOptions& o, std::ostream& out, std::ostream& err) {
   po.comm.max_bytes_per_step = c.budget.comm_bytes_per_step;
   po.comm.rank = place.rank;
   po.shard_auto = c.train.shard == jobspec::ShardSetting::automatic;
+  // On the CPU backend the optimizer state is in host memory already, and budget.memory counts it.
+  if (!gpu && c.train.offload == jobspec::OffloadSetting::optimizer)
+    return fail(make_error(c.path + ": train.offload: \"optimizer\" moves the optimizer state "
+                                    "from GPU to host memory; train.precision \"fp32\" runs on "
+                                    "the CPU backend, whose state is in host memory already "
+                                    "(use \"none\" or \"auto\")"));
+  switch (gpu ? c.train.offload : jobspec::OffloadSetting::none) {
+    case jobspec::OffloadSetting::none:
+      po.offload = OffloadMode::none;
+      break;
+    case jobspec::OffloadSetting::optimizer:
+      po.offload = OffloadMode::optimizer;
+      break;
+    case jobspec::OffloadSetting::automatic:
+      po.offload = OffloadMode::automatic;
+      break;
+  }
+  po.host_link_gbytes_per_s = or_default(c.train.host_link_gbytes_per_s, 20.0);
   switch (c.train.shard) {
     case jobspec::ShardSetting::optimizer:
       po.shard = ShardMode::optimizer;

@@ -302,7 +302,7 @@ class CudaTrainingExecutor final : public TrainingExecutor {
     const Graph& g = plan().graph;
     return fmt(
         "model %s: %zu parameters, vocabulary %lld; %d rank(s), GPU %d (CUDA backend, "
-        "%s, %s%s), batch %lld x seq %lld x accum %d per rank; arena %s\n",
+        "%s, %s%s), batch %lld x seq %lld x accum %d per rank; arena %s%s\n",
         s.model_kind.c_str(), g.parameter_count(), static_cast<long long>(g.vocab), world_, device_,
         executor_->options().fp8
             ? fmt("fp8: %d GEMM ops in FP8 E4M3/E5M2 with delayed scaling, %d in bf16",
@@ -315,7 +315,11 @@ class CudaTrainingExecutor final : public TrainingExecutor {
                          .c_str()
                    : "",
         static_cast<long long>(s.batch), static_cast<long long>(s.seq_len), s.grad_accum,
-        format_bytes(plan().memory.arena_bytes).c_str());
+        format_bytes(plan().memory.arena_bytes).c_str(),
+        plan().memory.host_bytes == 0 ? ""
+                                      : fmt(", optimizer state in host memory %s",
+                                            format_bytes(plan().memory.host_bytes).c_str())
+                                            .c_str());
   }
   std::string where_it_ran() const override {
     std::string s = " on " + std::to_string(world_) + " GPU(s)";

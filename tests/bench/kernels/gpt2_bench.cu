@@ -19,8 +19,9 @@
 //        at once (PlanOptions::classifier_chunk_rows 0), cROWS = ROWS rows of logits per chunk
 //        (default: automatic), fp8 = the blocks' GEMMs in FP8 (CudaExecutorOptions::fp8,
 //        train.precision = "fp8": FP8 where measured faster), fp8all = every eligible GEMM in
-//        FP8 (Fp8Choice::always), model = 124m (default) | 350m | 774m | 1558m |
-//        llama1b;
+//        FP8 (Fp8Choice::always), offload = the optimizer state in host memory
+//        (PlanOptions::offload optimizer; autooffload: automatic, the planner's choice under the
+//        budget), model = 124m (default) | 350m | 774m | 1558m | llama1b;
 //        default configs 16:graph 64:graph 8:graph 8:op_by_op 64:graph:16 16:profile
 #include <cuda_runtime.h>
 
@@ -57,7 +58,8 @@ struct Config {
   bool fp8 = false;
   bool fp8_all = false;  // fp8all: every eligible GEMM in FP8 (Fp8Choice::always), not measured
   std::int64_t classifier_chunk_rows = -1;  // PlanOptions::classifier_chunk_rows
-  std::string model = "124m";               // GPT-2 124m | 350m | 774m | 1558m, or llama1b
+  tk::OffloadMode offload = tk::OffloadMode::none;
+  std::string model = "124m";  // GPT-2 124m | 350m | 774m | 1558m, or llama1b
 };
 
 Config parse(const std::string& s) {
@@ -90,6 +92,10 @@ Config parse(const std::string& s) {
         c.fp8 = true;
       else if (f == "fp8all")
         c.fp8 = c.fp8_all = true;
+      else if (f == "offload")
+        c.offload = tk::OffloadMode::optimizer;
+      else if (f == "autooffload")
+        c.offload = tk::OffloadMode::automatic;
       else if (f == "nochunk")
         c.classifier_chunk_rows = 0;
       else if (f.size() > 1 && f[0] == 'c')
@@ -327,6 +333,8 @@ int run(const Config& cfg) {
   tk::PlanOptions po;
   po.memory_budget_bytes = static_cast<std::size_t>(cfg.budget_gib * kGiB);
   po.classifier_chunk_rows = cfg.classifier_chunk_rows;
+  po.offload = cfg.offload;
+  po.comm.compute_gflops = 400e3;  // the worker's figure for GPUs (kernels/worker/worker.cpp)
   auto plan = tk::compile_plan(std::move(g), po);
   if (!plan) {
     std::printf("{\"bench\":\"gpt2_train\",\"batch\":%d,\"error\":\"%s\"}\n", cfg.batch,
@@ -439,7 +447,8 @@ int run(const Config& cfg) {
       "\"gelu_ops_fused\":%zu,"
       "\"classifier_chunk_rows\":%lld,\"precision\":\"%s\",\"fp8_gemm_ops\":%d,"
       "\"fp8_fallback_ops\":%d,\"fp8_gemms\":%d,\"fp8_bf16_by_measurement\":%d,"
-      "\"fp8_scratch_gib\":%.4f}\n",
+      "\"fp8_scratch_gib\":%.4f,\"optimizer_offloaded\":%s,\"host_gib\":%.4f,"
+      "\"offload_model_ms\":%.3f,\"recompute_model_ms\":%.3f}\n",
       (cfg.model == "llama1b" ? std::string("llama-1b") : "gpt2-" + cfg.model).c_str(), cfg.batch,
       cfg.graph ? "graph" : (cfg.profile ? "profile_op_by_op" : "op_by_op"), cfg.budget_gib, med,
       p90, static_cast<double>(BT) / (med / 1e3), static_cast<double>(mp.arena_bytes) / kGiB,
@@ -459,7 +468,9 @@ int run(const Config& cfg) {
       cfg.fp8_all ? "fp8all" : (cfg.fp8 ? "fp8" : "bf16"), ex->fp8_report().gemm_ops,
       ex->fp8_report().fallback_ops, ex->fp8_report().fp8_gemms,
       ex->fp8_report().bf16_by_measurement,
-      static_cast<double>(ex->fp8_report().scratch_bytes) / kGiB);
+      static_cast<double>(ex->fp8_report().scratch_bytes) / kGiB,
+      ex->plan().optimizer_offloaded ? "true" : "false", static_cast<double>(mp.host_bytes) / kGiB,
+      ex->plan().offload_ms, ex->plan().recompute_ms);
   std::fflush(stdout);
   if (cfg.profile && print_op_profile(*ex, cfg.batch) != 0) return 1;
   for (auto& e : ev) cudaEventDestroy(e);

@@ -229,6 +229,16 @@ TEST_CASE("llama and sharding keys: read, checked where they are written") {
   CHECK(error_of("[train]\nshard = \"zero3\"\n") ==
         "job.toml:2:9: train.shard: \"zero3\" is not one of \"none\", \"optimizer\", "
         "\"gradients\", \"parameters\", \"auto\"");
+  CHECK(defaults->train.offload == OffloadSetting::automatic);
+  CHECK(parse_job_config("[train]\noffload = \"optimizer\"\nhost_link_gbytes_per_s = 50.0\n",
+                         "job.toml")
+            ->train.offload == OffloadSetting::optimizer);
+  CHECK(parse_job_config("[train]\noffload = \"none\"\n", "job.toml")->train.offload ==
+        OffloadSetting::none);
+  CHECK(error_of("[train]\noffload = \"cpu\"\n") ==
+        "job.toml:2:11: train.offload: \"cpu\" is not one of \"none\", \"optimizer\", \"auto\"");
+  CHECK(error_of("[train]\nhost_link_gbytes_per_s = -1.0\n")
+            .find("train.host_link_gbytes_per_s: -1") != std::string::npos);
   CHECK(error_of("[train]\nshards = \"auto\"\n") ==
         "job.toml:2:1: train.shards: unknown key (did you mean \"shard\"?)");
   CHECK(error_of("[model]\nkind = \"llama\"\nn_head = 4\nn_kv_head = 3\n") ==

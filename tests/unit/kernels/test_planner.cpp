@@ -141,6 +141,99 @@ TEST_CASE(
 }
 
 TEST_CASE(
+    "offload = optimizer: the moments follow the arena in host_bytes, the device arena shrinks by "
+    "them, and training is bit-identical") {
+  auto free_plan = compile_plan(training_graph(small_gpt()), PlanOptions{});
+  REQUIRE(free_plan.ok());
+  PlanOptions opt;
+  opt.offload = OffloadMode::optimizer;
+  auto plan = compile_plan(training_graph(small_gpt()), opt);
+  REQUIRE(plan.ok());
+  const Graph& g = plan->graph;
+  const MemoryPlan& m = plan->memory;
+  CHECK(plan->optimizer_offloaded);
+  CHECK(plan->offload_ms > 0);
+  const auto offloaded = offloadable_optimizer_state(g);
+  std::size_t moments = 0;
+  for (std::size_t t = 0; t < g.tensors.size(); ++t) {
+    if (!offloaded[t]) continue;
+    CHECK(g.tensors[t].role == Role::optimizer_state);
+    moments += g.tensors[t].bytes();
+    CHECK(m.offsets[t] >= m.arena_bytes);
+    CHECK(m.offsets[t] + g.tensors[t].bytes() <= m.arena_bytes + m.host_bytes);
+  }
+  // AdamW's m and v of every parameter; the global norm stays on the device
+  CHECK(moments == 2 * g.parameter_count() * sizeof(float));
+  CHECK(m.host_bytes >= moments);
+  CHECK_FALSE(offloaded[static_cast<std::size_t>(g.grad_norm)]);
+  CHECK(m.offsets[static_cast<std::size_t>(g.grad_norm)] < m.arena_bytes);
+  CHECK(m.optimizer_bytes == free_plan->memory.optimizer_bytes);
+  CHECK(m.arena_bytes + m.host_bytes == free_plan->memory.arena_bytes);
+  CHECK_THAT(format_plan(*plan, false), Catch::Contains("of which in host memory"));
+  std::vector<float> pa, pb;
+  CHECK(train(*plan, 3, &pa) == train(*free_plan, 3, &pb));
+  CHECK(pa == pb);
+}
+
+TEST_CASE(
+    "offload = auto: a budget below the model state fits by moving the optimizer state to host "
+    "memory, which offload = none refuses naming the setting") {
+  GptConfig c = small_gpt();
+  c.batch = 1;  // activations smaller than the moments
+  auto free_plan = compile_plan(training_graph(c), PlanOptions{});
+  REQUIRE(free_plan.ok());
+  PlanOptions opt;
+  opt.memory_budget_bytes = free_plan->memory.persistent_bytes - 1024;
+  auto refused = compile_plan(training_graph(c), opt);
+  REQUIRE_FALSE(refused.ok());
+  CHECK(refused.error().exit_code == 2);
+  CHECK_THAT(refused.error().message,
+             Catch::Contains("below the parameters, gradients and optimizer state"));
+  CHECK_THAT(refused.error().message, Catch::Contains("train.offload = \"auto\""));
+  opt.offload = OffloadMode::automatic;
+  auto plan = compile_plan(training_graph(c), opt);
+  REQUIRE(plan.ok());
+  CHECK(plan->optimizer_offloaded);
+  CHECK(plan->memory.arena_bytes <= opt.memory_budget_bytes);
+  CHECK_THAT(plan->offload_reason, Catch::Contains("without it no recomputation fits"));
+  std::vector<float> pa, pb;
+  CHECK(train(*plan, 3, &pa) == train(*free_plan, 3, &pb));
+  CHECK(pa == pb);
+}
+
+TEST_CASE(
+    "offload = auto under a budget recomputation can meet: host memory only when the host link "
+    "costs less than the recomputation") {
+  auto free_plan = compile_plan(training_graph(small_gpt()), PlanOptions{});
+  REQUIRE(free_plan.ok());
+  PlanOptions opt;
+  opt.offload = OffloadMode::automatic;
+  opt.memory_budget_bytes =
+      free_plan->memory.persistent_bytes + free_plan->memory.planned_bytes * 7 / 10;
+  opt.host_link_gbytes_per_s = 1e-6;  // a slow link: recomputation is cheaper
+  auto slow = compile_plan(training_graph(small_gpt()), opt);
+  REQUIRE(slow.ok());
+  CHECK_FALSE(slow->optimizer_offloaded);
+  CHECK(slow->memory.host_bytes == 0);
+  CHECK_FALSE(slow->recompute.empty());
+  CHECK_THAT(slow->offload_reason, Catch::Contains("kept the optimizer state in device memory"));
+  opt.host_link_gbytes_per_s = 1e6;  // a fast link: the offload is cheaper
+  auto fast = compile_plan(training_graph(small_gpt()), opt);
+  REQUIRE(fast.ok());
+  CHECK(fast->optimizer_offloaded);
+  CHECK(fast->memory.arena_bytes <= opt.memory_budget_bytes);
+  CHECK(fast->offload_ms + fast->recompute_ms < slow->recompute_ms);
+  CHECK_THAT(fast->offload_reason, Catch::Contains("moved the optimizer state to host memory"));
+  // no budget pressure: auto leaves it where it is
+  PlanOptions roomy;
+  roomy.offload = OffloadMode::automatic;
+  auto plain = compile_plan(training_graph(small_gpt()), roomy);
+  REQUIRE(plain.ok());
+  CHECK_FALSE(plain->optimizer_offloaded);
+  CHECK(plain->offload_reason.empty());
+}
+
+TEST_CASE(
     "a budget rematerialisation cannot reach is refused with the smallest that fits, which then "
     "fits") {
   auto free_plan = compile_plan(training_graph(small_gpt()), PlanOptions{});

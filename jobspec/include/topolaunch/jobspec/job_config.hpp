@@ -156,6 +156,12 @@ enum class TrainPrecision { fp32, bf16, fp8 };
 // the least of them whose plan fits the memory budget, then recomputation.
 enum class ShardSetting { none, optimizer, gradients, parameters, automatic };
 
+// [train] offload: where the optimizer state (AdamW's moments, the fp32 master weights) lives on
+// a GPU: "none" (device memory), "optimizer" (host memory, pinned and mapped: AdamW reads and
+// writes it over the host link once per optimizer step), or "auto": host memory only when the
+// memory budget needs it and that costs less than the recomputation it saves.
+enum class OffloadSetting { none, optimizer, automatic };
+
 struct AdamWSpec {
   double learning_rate = 1e-3;  // the peak of the schedule; 0: no schedule, constant 0
   double beta1 = 0.9, beta2 = 0.95, epsilon = 1e-8, weight_decay = 0.1;
@@ -187,6 +193,10 @@ struct TrainSpec {
   // backend's plan; the CPU backend can only --plan-only it).
   TrainPrecision precision = TrainPrecision::fp32;
   ShardSetting shard = ShardSetting::none;
+  OffloadSetting offload = OffloadSetting::automatic;
+  // The host link offload's cost is computed at (GB/s each way); 0: 20, a PCIe link as the GPU's
+  // kernels reach pinned host memory through it.
+  double host_link_gbytes_per_s = 0;
   // Cost model of the communication plan; 0 = by precision: fp32 (CPU over TCP) 2 GB/s, 50 us,
   // 10 GFLOP/s; bf16 (H200 + NCCL, measured in research/static_graph.md) 300 GB/s, 45 us, 400
   // TFLOP/s.
@@ -250,6 +260,7 @@ std::string_view to_string(ModelKind kind);
 std::string_view to_string(DataKind kind);
 std::string_view to_string(TrainPrecision precision);
 std::string_view to_string(ShardSetting shard);
+std::string_view to_string(OffloadSetting offload);
 
 // A short human summary of the effective config (what `topolaunch check` prints).
 std::string describe(const JobConfig& config);

@@ -53,11 +53,22 @@ struct MemoryPlan {
               input_bytes = 0;  // at the peak op
   int peak_op = 0;
   std::string strategy;  // which greedy order won ("size" or "time")
+  // Optimizer state offloaded to host memory (offload_optimizer): the moments and fp32 master
+  // weights that AdamW reads and writes once per optimizer step. Their offsets follow the arena,
+  // [arena_bytes, arena_bytes + host_bytes): a backend maps that range to host memory the device
+  // reaches directly (the CUDA backend: pinned, mapped), and arena_bytes is device memory only.
+  // optimizer_bytes still counts them; persistent_bytes does not.
+  std::size_t host_bytes = 0;
 };
 // Gradients are laid out in `gradient_order` (bucket order), so each bucket is one contiguous
-// range.
+// range. offload_optimizer: the tensors AdamW updates in place (moments, fp32 master weights) go
+// after the arena, into host_bytes.
 MemoryPlan plan_memory(const Graph& graph, const std::vector<TensorId>& gradient_order,
-                       std::size_t comm_bytes, std::size_t alignment = 256);
+                       std::size_t comm_bytes, std::size_t alignment = 256,
+                       bool offload_optimizer = false);
+// The tensors offload_optimizer moves to host memory: the outputs of adamw and sharded_adamw ops
+// other than the parameter (or its shard) they update.
+std::vector<bool> offloadable_optimizer_state(const Graph& graph);
 
 // --- rematerialisation ---------------------------------------------------------------------
 struct RecomputeDecision {
@@ -179,6 +190,11 @@ inline std::size_t fused_attention_accumulator_bytes(std::int64_t B, std::int64_
 inline constexpr std::size_t kFusedAttentionEngineWorkspaceBytes = std::size_t{1} << 20;
 
 // --- the whole compile ----------------------------------------------------------------------
+// [train] offload: where the optimizer state lives. none: in the arena; optimizer: in host
+// memory (MemoryPlan::host_bytes); automatic: in host memory only when the memory budget needs
+// it, and then only when moving it over the host link costs less than the recomputation it saves.
+enum class OffloadMode : std::uint8_t { none, optimizer, automatic };
+
 struct PlanOptions {
   std::size_t memory_budget_bytes = 0;       // 0: unlimited
   std::string budget_key = "budget.memory";  // the key a refusal names (GPU plans: gpu_memory)
@@ -198,6 +214,10 @@ struct PlanOptions {
   // recomputation; when none fits, the mode with the smallest plan, then recomputation (cheapest
   // first). `shard` is then ignored.
   bool shard_auto = false;
+  OffloadMode offload = OffloadMode::none;
+  // The host link the offloaded state crosses (read and written once per optimizer step), to
+  // cost offloading against recomputation (which comm.compute_gflops costs).
+  double host_link_gbytes_per_s = 20.0;
 };
 
 struct Plan {
@@ -214,6 +234,12 @@ struct Plan {
   // one was taken (one line).
   std::vector<std::pair<ShardMode, std::size_t>> shard_candidates;
   std::string shard_reason;
+  // The optimizer state is in host memory (memory.host_bytes), and why (one line; empty when the
+  // offload setting had no choice to make). offload_ms: the model's time per optimizer step for
+  // reading and writing it over the host link; recompute_ms: the recomputation's per micro-step.
+  bool optimizer_offloaded = false;
+  double offload_ms = 0, recompute_ms = 0;
+  std::string offload_reason;
 };
 
 // Builds the plan; refuses (exit code 2) a budget below params+grads+optimizer state, or one that
