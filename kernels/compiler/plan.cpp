@@ -662,10 +662,12 @@ Result<Plan> compile_plan(Graph graph, const PlanOptions& opt) {
   struct Fitted {
     Realized realized;
     std::vector<RecomputeDecision> chosen;
-    double extra_flops = 0;
+    double extra_flops = 0, extra_ms = 0;
   };
+  const double flops_per_ms = std::max(opt.comm.compute_gflops, 1e-9) * 1e6;
+  const double bytes_per_ms = std::max(opt.device_gbytes_per_s, 1e-9) * 1e6;
   auto fit = [&](Realized start, bool offload) {
-    Fitted f{std::move(start), {}, 0};
+    Fitted f{std::move(start), {}, 0, 0};
     if (budget == 0 || f.realized.memory.arena_bytes <= budget) return f;
     std::vector<TensorId> S;
     for (const auto& c : fully_recomputed()) {
@@ -682,11 +684,18 @@ Result<Plan> compile_plan(Graph graph, const PlanOptions& opt) {
         S.pop_back();
       }
     }
-    for (const auto& op : f.realized.graph.ops)
-      if (op.phase == Phase::recompute) f.extra_flops += op_flops(f.realized.graph, op);
+    const Graph& rg = f.realized.graph;
+    for (const auto& op : rg.ops) {
+      if (op.phase != Phase::recompute) continue;
+      const double flops = op_flops(rg, op);
+      double bytes = 0;
+      for (auto t : op.inputs) bytes += static_cast<double>(rg[t].bytes());
+      for (auto t : op.outputs) bytes += static_cast<double>(rg[t].bytes());
+      f.extra_flops += flops;
+      f.extra_ms += std::max(flops / flops_per_ms, bytes / bytes_per_ms);
+    }
     return f;
   };
-  const double flops_per_ms = std::max(opt.comm.compute_gflops, 1e-9) * 1e6;
   const int accum = std::max(opt.comm.grad_accum, 1);
   // AdamW reads and writes each offloaded byte once per optimizer step.
   auto offload_ms = [&](const MemoryPlan& mp) {
@@ -697,7 +706,7 @@ Result<Plan> compile_plan(Graph graph, const PlanOptions& opt) {
     best = std::move(f.realized);
     plan.recompute = std::move(f.chosen);
     plan.extra_flops = f.extra_flops;
-    plan.recompute_ms = f.extra_flops / flops_per_ms;
+    plan.recompute_ms = f.extra_ms;
     plan.optimizer_offloaded = offloaded;
     plan.offload_ms = offloaded ? offload_ms(best.memory) : 0.0;
   };
@@ -718,9 +727,8 @@ Result<Plan> compile_plan(Graph graph, const PlanOptions& opt) {
       Fitted on_host = fit(realize({}, mode, true), true);
       const bool host_fits = on_host.realized.memory.arena_bytes <= budget;
       // Per micro-step: the recomputation runs in every one, the offload once per optimizer step.
-      const double device_cost = in_device.extra_flops / flops_per_ms;
-      const double host_cost =
-          on_host.extra_flops / flops_per_ms + offload_ms(on_host.realized.memory) / accum;
+      const double device_cost = in_device.extra_ms;
+      const double host_cost = on_host.extra_ms + offload_ms(on_host.realized.memory) / accum;
       // Neither fits: the smaller, whose size the refusal names.
       const bool offload = host_fits ? !device_fits || host_cost < device_cost
                                      : !device_fits && on_host.realized.memory.arena_bytes <

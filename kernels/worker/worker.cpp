@@ -597,6 +597,7 @@ int run_worker(const WorkerOptions& o, std::ostream& out, std::ostream& err) {
       break;
   }
   po.host_link_gbytes_per_s = or_default(c.train.host_link_gbytes_per_s, 20.0);
+  po.device_gbytes_per_s = 3000.0;  // HBM3 (H100 3.35 TB/s, H200 4.8), less what kernels reach
   switch (c.train.shard) {
     case jobspec::ShardSetting::optimizer:
       po.shard = ShardMode::optimizer;

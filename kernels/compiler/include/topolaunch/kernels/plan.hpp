@@ -218,6 +218,10 @@ struct PlanOptions {
   // The host link the offloaded state crosses (read and written once per optimizer step), to
   // cost offloading against recomputation (which comm.compute_gflops costs).
   double host_link_gbytes_per_s = 20.0;
+  // The device memory's bandwidth, for the recomputation's cost: an op costs the longer of its
+  // FLOPs at comm.compute_gflops and its operands' bytes at this (the layernorms and GELUs the
+  // cheapest recomputation takes first are memory-bound).
+  double device_gbytes_per_s = 3000.0;
 };
 
 struct Plan {
