@@ -756,10 +756,11 @@ Result<Plan> compile_plan(Graph graph, const PlanOptions& opt) {
   }
   if (budget != 0 && best.memory.arena_bytes > budget) {
     const std::size_t model_state = best.memory.persistent_bytes;
-    const std::string hint = opt.offload == OffloadMode::none
-                                 ? "; train.offload = \"auto\" or \"optimizer\" keeps the "
-                                   "optimizer state in host memory"
-                                 : "";
+    const std::string hint =
+        opt.offload == OffloadMode::none && !opt.offload_key.empty()
+            ? "; " + opt.offload_key +
+                  " = \"auto\" or \"optimizer\" keeps the optimizer state in host memory"
+            : "";
     if (budget < model_state)
       return make_error(opt.budget_key + ": " + format_bytes(budget) + " is below the " +
                         (plan.optimizer_offloaded ? "parameters and gradients ("

@@ -585,6 +585,7 @@ int run_worker(const WorkerOptions& o, std::ostream& out, std::ostream& err) {
                                     "from GPU to host memory; train.precision \"fp32\" runs on "
                                     "the CPU backend, whose state is in host memory already "
                                     "(use \"none\" or \"auto\")"));
+  if (!gpu) po.offload_key.clear();
   switch (gpu ? c.train.offload : jobspec::OffloadSetting::none) {
     case jobspec::OffloadSetting::none:
       po.offload = OffloadMode::none;

@@ -215,6 +215,8 @@ struct PlanOptions {
   // first). `shard` is then ignored.
   bool shard_auto = false;
   OffloadMode offload = OffloadMode::none;
+  // With offload none, a refusal points at this key (empty: a backend that cannot offload).
+  std::string offload_key = "train.offload";
   // The host link the offloaded state crosses (read and written once per optimizer step), to
   // cost offloading against recomputation (which comm.compute_gflops costs).
   double host_link_gbytes_per_s = 20.0;
