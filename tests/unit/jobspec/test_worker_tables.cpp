@@ -229,12 +229,12 @@ TEST_CASE("llama and sharding keys: read, checked where they are written") {
   CHECK(error_of("[train]\nshard = \"zero3\"\n") ==
         "job.toml:2:9: train.shard: \"zero3\" is not one of \"none\", \"optimizer\", "
         "\"gradients\", \"parameters\", \"auto\"");
-  CHECK(defaults->train.offload == OffloadSetting::automatic);
+  CHECK(defaults->train.offload == OffloadSetting::none);
+  CHECK(parse_job_config("[train]\noffload = \"auto\"\n", "job.toml")->train.offload ==
+        OffloadSetting::automatic);
   CHECK(parse_job_config("[train]\noffload = \"optimizer\"\nhost_link_gbytes_per_s = 50.0\n",
                          "job.toml")
             ->train.offload == OffloadSetting::optimizer);
-  CHECK(parse_job_config("[train]\noffload = \"none\"\n", "job.toml")->train.offload ==
-        OffloadSetting::none);
   CHECK(error_of("[train]\noffload = \"cpu\"\n") ==
         "job.toml:2:11: train.offload: \"cpu\" is not one of \"none\", \"optimizer\", \"auto\"");
   CHECK(error_of("[train]\nhost_link_gbytes_per_s = -1.0\n")

@@ -157,7 +157,7 @@ enum class TrainPrecision { fp32, bf16, fp8 };
 enum class ShardSetting { none, optimizer, gradients, parameters, automatic };
 
 // [train] offload: where the optimizer state (AdamW's moments, the fp32 master weights) lives on
-// a GPU: "none" (device memory), "optimizer" (host memory, pinned and mapped: AdamW reads and
+// a GPU: "none" (device memory, the default), "optimizer" (host memory, pinned and mapped: AdamW reads and
 // writes it over the host link once per optimizer step), or "auto": host memory only when the
 // memory budget needs it and that costs less than the recomputation it saves.
 enum class OffloadSetting { none, optimizer, automatic };
@@ -193,7 +193,7 @@ struct TrainSpec {
   // backend's plan; the CPU backend can only --plan-only it).
   TrainPrecision precision = TrainPrecision::fp32;
   ShardSetting shard = ShardSetting::none;
-  OffloadSetting offload = OffloadSetting::automatic;
+  OffloadSetting offload = OffloadSetting::none;
   // The host link offload's cost is computed at (GB/s each way); 0: 20, a PCIe link as the GPU's
   // kernels reach pinned host memory through it.
   double host_link_gbytes_per_s = 0;
