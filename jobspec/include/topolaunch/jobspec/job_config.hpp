@@ -157,9 +157,9 @@ enum class TrainPrecision { fp32, bf16, fp8 };
 enum class ShardSetting { none, optimizer, gradients, parameters, automatic };
 
 // [train] offload: where the optimizer state (AdamW's moments, the fp32 master weights) lives on
-// a GPU: "none" (device memory, the default), "optimizer" (host memory, pinned and mapped: AdamW reads and
-// writes it over the host link once per optimizer step), or "auto": host memory only when the
-// memory budget needs it and that costs less than the recomputation it saves.
+// a GPU: "none" (device memory, the default), "optimizer" (host memory, pinned and mapped: AdamW
+// reads and writes it over the host link once per optimizer step), or "auto": host memory only when
+// the memory budget needs it and that costs less than the recomputation it saves.
 enum class OffloadSetting { none, optimizer, automatic };
 
 struct AdamWSpec {
