@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <map>
+#include <optional>
 #include <set>
 
 namespace topolaunch::kernels {
@@ -618,9 +619,12 @@ Result<Plan> compile_plan(Graph graph, const PlanOptions& opt) {
 
   Realized best = realize({}, mode);
   plan.unconstrained = best.memory;
-  auto fully_recomputed = [&]() {
-    // Greedy over candidates ordered by recompute flops per byte freed; keep a pick only when the
-    // re-planned arena shrinks (fragmentation makes savings non-additive).
+  // Greedy over candidates ordered by recompute flops per byte freed; keep a pick only when the
+  // re-planned arena shrinks (fragmentation makes savings non-additive). They depend on the graph
+  // alone: found once, on the first budget that needs them.
+  std::optional<std::vector<RecomputeDecision>> candidates;
+  auto fully_recomputed = [&]() -> const std::vector<RecomputeDecision>& {
+    if (candidates) return *candidates;
     std::vector<RecomputeDecision> cands;
     const auto live = liveness(graph);
     std::map<TensorId, std::size_t> producer;
@@ -656,7 +660,8 @@ Result<Plan> compile_plan(Graph graph, const PlanOptions& opt) {
     std::stable_sort(cands.begin(), cands.end(), [](const auto& a, const auto& b) {
       return a.flops / static_cast<double>(a.bytes) < b.flops / static_cast<double>(b.bytes);
     });
-    return cands;
+    candidates = std::move(cands);
+    return *candidates;
   };
   // Recomputation, cheapest per byte first, from `start` until the arena fits the budget.
   struct Fitted {

@@ -573,7 +573,7 @@ int run_worker(const WorkerOptions& o, std::ostream& out, std::ostream& err) {
   auto or_default = [](double v, double fallback) { return v > 0 ? v : fallback; };
   po.comm.link_gbytes_per_s = or_default(c.train.link_gbytes_per_s, gpu ? 300.0 : 2.0);
   po.comm.latency_us = or_default(c.train.collective_latency_us, gpu ? 45.0 : 50.0);
-  po.comm.compute_gflops = or_default(c.train.compute_gflops, gpu ? 400e3 : 10.0);
+  po.comm.compute_gflops = or_default(c.train.compute_gflops, gpu ? kGpuComputeGflops : 10.0);
   po.comm.grad_accum = c.train.grad_accum;
   po.comm.max_exposed_ms = exposed_budget_ms(c.budget);
   po.comm.max_bytes_per_step = c.budget.comm_bytes_per_step;
@@ -598,7 +598,6 @@ int run_worker(const WorkerOptions& o, std::ostream& out, std::ostream& err) {
       break;
   }
   po.host_link_gbytes_per_s = or_default(c.train.host_link_gbytes_per_s, 20.0);
-  po.device_gbytes_per_s = 3000.0;  // HBM3 (H100 3.35 TB/s, H200 4.8), less what kernels reach
   switch (c.train.shard) {
     case jobspec::ShardSetting::optimizer:
       po.shard = ShardMode::optimizer;

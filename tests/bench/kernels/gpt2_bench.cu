@@ -334,7 +334,7 @@ int run(const Config& cfg) {
   po.memory_budget_bytes = static_cast<std::size_t>(cfg.budget_gib * kGiB);
   po.classifier_chunk_rows = cfg.classifier_chunk_rows;
   po.offload = cfg.offload;
-  po.comm.compute_gflops = 400e3;  // the worker's figure for GPUs (kernels/worker/worker.cpp)
+  po.comm.compute_gflops = tk::kGpuComputeGflops;  // as the worker costs GPU plans
   auto plan = tk::compile_plan(std::move(g), po);
   if (!plan) {
     std::printf("{\"bench\":\"gpt2_train\",\"batch\":%d,\"error\":\"%s\"}\n", cfg.batch,

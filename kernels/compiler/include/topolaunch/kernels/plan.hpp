@@ -98,6 +98,10 @@ Graph apply_recompute(const Graph& graph, const std::vector<TensorId>& recompute
 enum class ShardMode : std::uint8_t { none, optimizer, gradients, parameters };
 std::string_view shard_mode_name(ShardMode mode);
 
+// The compute throughput GPU plans are costed at (comm.compute_gflops) unless [train]
+// compute_gflops says otherwise: an H200's bf16 rate as research/static_graph.md measured it.
+inline constexpr double kGpuComputeGflops = 400e3;
+
 struct CommModel {
   int world_size = 1;
   int rank = 0;  // whose shards a sharded plan holds (its views and the shard tensors)
@@ -222,7 +226,8 @@ struct PlanOptions {
   double host_link_gbytes_per_s = 20.0;
   // The device memory's bandwidth, for the recomputation's cost: an op costs the longer of its
   // FLOPs at comm.compute_gflops and its operands' bytes at this (the layernorms and GELUs the
-  // cheapest recomputation takes first are memory-bound).
+  // cheapest recomputation takes first are memory-bound). HBM3: 3.35 TB/s on an H100, 4.8 on an
+  // H200, less what kernels reach.
   double device_gbytes_per_s = 3000.0;
 };
 
