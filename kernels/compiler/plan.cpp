@@ -702,10 +702,11 @@ Result<Plan> compile_plan(Graph graph, const PlanOptions& opt) {
     return f;
   };
   const int accum = std::max(opt.comm.grad_accum, 1);
-  // AdamW reads and writes each offloaded byte once per optimizer step.
+  // AdamW reads and writes each offloaded byte once per optimizer step, in one pass: the reads
+  // and the writes cross the (full-duplex) link in opposite directions at once. An H100's PCIe
+  // Gen5 x16 link measured 1.39 GiB each way in 31.3 ms (47.7 GB/s each way) on GPT-2 124M.
   auto offload_ms = [&](const MemoryPlan& mp) {
-    return 2.0 * static_cast<double>(mp.host_bytes) /
-           (std::max(opt.host_link_gbytes_per_s, 1e-9) * 1e6);
+    return static_cast<double>(mp.host_bytes) / (std::max(opt.host_link_gbytes_per_s, 1e-9) * 1e6);
   };
   auto take = [&](Fitted f, bool offloaded) {
     best = std::move(f.realized);
@@ -718,6 +719,11 @@ Result<Plan> compile_plan(Graph graph, const PlanOptions& opt) {
   auto ms_text = [](double ms) {
     char b[32];
     std::snprintf(b, sizeof b, "%.3g ms", ms);
+    return std::string(b);
+  };
+  auto gbytes_text = [](double gbytes_per_s) {
+    char b[32];
+    std::snprintf(b, sizeof b, "%.3g GB/s", gbytes_per_s);
     return std::string(b);
   };
 
@@ -749,7 +755,8 @@ Result<Plan> compile_plan(Graph graph, const PlanOptions& opt) {
                          : "without it no recomputation fits the budget") +
             (offload ? " (" + format_bytes(on_host.realized.memory.host_bytes) + " over " +
                            ms_text(offload_ms(on_host.realized.memory)) +
-                           " per optimizer step, at train.host_link_gbytes_per_s)"
+                           " per optimizer step, at " + gbytes_text(opt.host_link_gbytes_per_s) +
+                           " each way: train.host_link_gbytes_per_s)"
                      : "");
       if (offload)
         take(std::move(on_host), true);

@@ -221,8 +221,9 @@ struct PlanOptions {
   OffloadMode offload = OffloadMode::none;
   // With offload none, a refusal points at this key (empty: a backend that cannot offload).
   std::string offload_key = "train.offload";
-  // The host link the offloaded state crosses (read and written once per optimizer step), to
-  // cost offloading against recomputation (which comm.compute_gflops costs).
+  // The host link the offloaded state crosses, GB/s each way, to cost offloading against
+  // recomputation (which comm.compute_gflops costs): the state is read and written once per
+  // optimizer step in one pass, both directions at once, so a step costs host_bytes at this rate.
   double host_link_gbytes_per_s = 20.0;
   // The device memory's bandwidth, for the recomputation's cost: an op costs the longer of its
   // FLOPs at comm.compute_gflops and its operands' bytes at this (the layernorms and GELUs the
