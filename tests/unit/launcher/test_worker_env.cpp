@@ -219,6 +219,7 @@ TEST_CASE("worker contract: every name the rank map exports is in the contract")
     for (const auto& [name, value] : rank.env) names.insert(name);
   CHECK(names.contains("NCCL_IB_HCA"));
   CHECK(names.contains("TOPOLAUNCH_NUMA"));
+  CHECK(names.contains("TOPOLAUNCH_GPU_PCIE_GBYTES_PER_S"));
   for (const std::string& name : names) {
     INFO(name);
     const jobspec::WorkerVariable* entry = contract_entry(name);

@@ -170,7 +170,7 @@ std::string join_ints(const std::vector<int>& values) {
 
 }  // namespace
 
-double pcie_mbps(const PcieLink& link) {
+double known_pcie_mbps(const PcieLink& link) {
   // Idle GPUs train down their link, so the capability (max) is the better model of a transfer.
   int gen = link.max_gen > 0 ? link.max_gen : link.gen;
   int width = link.max_width > 0 ? link.max_width : link.width;
@@ -178,10 +178,12 @@ double pcie_mbps(const PcieLink& link) {
   if (gen >= 1 && gen <= 6 && width > 0) {
     return per_lane_mbps[gen] * width;
   }
-  if (link.speed_gbytes_per_s > 0.0) {
-    return link.speed_gbytes_per_s * 1000.0;
-  }
-  return 985.0 * 16;  // unknown: assume Gen3 x16
+  return link.speed_gbytes_per_s > 0.0 ? link.speed_gbytes_per_s * 1000.0 : 0.0;
+}
+
+double pcie_mbps(const PcieLink& link) {
+  const double known = known_pcie_mbps(link);
+  return known > 0.0 ? known : 985.0 * 16;  // unknown: assume Gen3 x16
 }
 
 double path_factor(RelationKind kind) {

@@ -47,6 +47,9 @@ struct NodeProfile {
   int numa_of_pu(int pu) const;
 };
 
+// A PCIe link's capability in MB/s each way (lane rate x width, the max over the current):
+// known_pcie_mbps is 0 when the topology does not say, pcie_mbps then assumes Gen3 x16.
+double known_pcie_mbps(const PcieLink& link);
 double pcie_mbps(const PcieLink& link);
 double path_factor(RelationKind kind);
 

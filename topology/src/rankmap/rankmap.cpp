@@ -34,14 +34,21 @@ void fill_env(RankAssignment& rank, const RankMap& map, const ResolvedNode& node
   const NodeTopology& topo = *profile.topology;
   Environment& env = rank.env;
   std::vector<std::string> ids, busids;
+  double pcie_mbps = 0;  // the slowest of the rank's GPUs' host links; 0: one is unknown
   for (std::size_t i = 0; i < rank.gpus.size(); ++i) {
     ids.push_back(node.cuda_ids[rank.gpu_visible_indexes[i]]);
-    busids.push_back(topo.gpus[rank.gpus[i]].busid.to_string());
+    const Gpu& gpu = topo.gpus[rank.gpus[i]];
+    busids.push_back(gpu.busid.to_string());
+    const double mbps = known_pcie_mbps(gpu.link);
+    pcie_mbps = i == 0 ? mbps : std::min(pcie_mbps, mbps);
   }
   if (!ids.empty()) {
     env["CUDA_VISIBLE_DEVICES"] = join(ids);
     env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID";
     env["TOPOLAUNCH_GPU_BUSIDS"] = join(busids);
+    // What topolaunch-worker costs an optimizer-state offload at ([train] offload = "auto").
+    if (pcie_mbps > 0)
+      env["TOPOLAUNCH_GPU_PCIE_GBYTES_PER_S"] = fmt::format("{:.1f}", pcie_mbps / 1000);
   }
   env["RANK"] = std::to_string(rank.rank);
   env["LOCAL_RANK"] = std::to_string(rank.local_rank);

@@ -82,6 +82,7 @@ inline constexpr const char* kStepMetricsFile = "TOPOLAUNCH_STEP_METRICS_FILE";
 inline constexpr const char* kCudaVisibleDevices = "CUDA_VISIBLE_DEVICES";
 inline constexpr const char* kCudaDeviceOrder = "CUDA_DEVICE_ORDER";
 inline constexpr const char* kGpuBusids = "TOPOLAUNCH_GPU_BUSIDS";
+inline constexpr const char* kGpuPcieGbytesPerS = "TOPOLAUNCH_GPU_PCIE_GBYTES_PER_S";
 inline constexpr const char* kNics = "TOPOLAUNCH_NICS";
 inline constexpr const char* kNcclIbHca = "NCCL_IB_HCA";
 inline constexpr const char* kUcxNetDevices = "UCX_NET_DEVICES";
@@ -146,6 +147,8 @@ inline constexpr WorkerVariable kWorkerVariables[] = {
     {env::kCudaVisibleDevices, kFromRankMap, "the rank's GPUs (when it has any)"},
     {env::kCudaDeviceOrder, kFromRankMap, "\"PCI_BUS_ID\" (with CUDA_VISIBLE_DEVICES)"},
     {env::kGpuBusids, kFromRankMap, "the rank's GPUs' PCI bus ids"},
+    {env::kGpuPcieGbytesPerS, kFromRankMap,
+     "its GPUs' slowest PCIe link, GB/s each way (when the topology says)"},
     {env::kNics, kFromRankMap, "the rank's NICs (when it has any)"},
     {env::kNcclIbHca, kFromRankMap, "=nic:port,... ([mapping] pin_nics)"},
     {env::kUcxNetDevices, kFromRankMap, "nic:port,... ([mapping] pin_nics)"},

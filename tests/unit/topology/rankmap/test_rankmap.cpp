@@ -156,6 +156,7 @@ TEST_CASE("DGX H100: GPU i gets the i-th compute NIC, never a storage NIC") {
     CHECK(rank.env.at("UCX_NET_DEVICES") == compute[rank.gpus[0]] + ":1");
     CHECK(rank.env.at("CUDA_VISIBLE_DEVICES") == std::to_string(rank.local_rank));
     CHECK(rank.env.at("CUDA_DEVICE_ORDER") == "PCI_BUS_ID");
+    CHECK(rank.env.at("TOPOLAUNCH_GPU_PCIE_GBYTES_PER_S") == "63.0");  // Gen5 x16
   }
   // Slurm pairs NICs with cores (first NIC of the NUMA node): 4 ranks per NIC. Only GPU0 and GPU4
   // own that NIC (PIX); the other 6 ranks share it while their own PIX NIC sits idle.
@@ -327,6 +328,24 @@ TEST_CASE("tensor=16 on 8-GPU nodes is refused with what would work") {
   auto no_nvlink = compute_rank_map(nodes_of(l40s, 2), spec);
   REQUIRE(!no_nvlink.ok());
   CHECK_THAT(no_nvlink.error().message, Catch::Contains("one node (no NVLink)"));
+}
+
+TEST_CASE("a rank's host link is its GPUs' slowest PCIe capability, absent when unknown") {
+  auto l40s = load("generated/pcie-l40s-8gpu.pci.xml");  // L40S: Gen4 x16
+  auto map = compute_rank_map(nodes_of(l40s, 1), MappingSpec{});
+  REQUIRE(map.ok());
+  for (const auto& rank : map->ranks)
+    CHECK(rank.env.at("TOPOLAUNCH_GPU_PCIE_GBYTES_PER_S") == "31.5");
+  // A topology without link speeds (a VM's, or an XML that drops them) exports nothing to guess.
+  auto h100 = load("generated/dgx-h100.full.xml");
+  auto bare = std::make_shared<NodeTopology>(*h100);
+  for (auto& gpu : bare->gpus) gpu.link = PcieLink{};
+  auto unknown = compute_rank_map(nodes_of(bare, 1), h100_spec());
+  REQUIRE(unknown.ok());
+  for (const auto& rank : unknown->ranks) {
+    CHECK(rank.env.contains("CUDA_VISIBLE_DEVICES"));
+    CHECK_FALSE(rank.env.contains("TOPOLAUNCH_GPU_PCIE_GBYTES_PER_S"));
+  }
 }
 
 TEST_CASE("more ranks than GPUs without oversubscription is refused") {
