@@ -250,26 +250,39 @@ TEST_CASE(
   CHECK(tight.exit_code == 0);
   CHECK_THAT(tight.output, Catch::Contains("recompute: "));
   CHECK_THAT(tight.output, Catch::Contains("fits"));
-  const auto refused = run({"--plan-only", "--set", "budget.gpu_memory=\"1GiB\"", job.string()}, {},
-                           d.path / "log3");
+  const auto refused = run({"--plan-only", "--set", "budget.gpu_memory=\"1GiB\"", "--set",
+                            "train.offload=\"none\"", job.string()},
+                           {}, d.path / "log3");
   CHECK(refused.exit_code == 2);
   CHECK_THAT(refused.output,
              Catch::Contains("below the parameters, gradients and optimizer state"));
   CHECK_THAT(refused.output, Catch::Contains("the smallest budget that fits"));
   CHECK_THAT(refused.output, Catch::Contains("train.offload = \"auto\" or \"optimizer\""));
-  // offload = "auto": 5 GiB is below what recomputation reaches with the optimizer state on the
-  // device (5.57 GiB), and above it with the state in host memory (4.18 GiB)
-  const auto offloaded = run({"--plan-only", "--set", "budget.gpu_memory=\"5GiB\"", "--set",
-                              "train.offload=\"auto\"", job.string()},
+  // offload = "auto", the default: 5 GiB is below what recomputation reaches with the optimizer
+  // state on the device (5.57 GiB), and above it with the state in host memory (4.18 GiB)
+  const auto offloaded = run({"--plan-only", "--set", "budget.gpu_memory=\"5GiB\"", job.string()},
                              {}, d.path / "log4");
   CHECK(offloaded.exit_code == 0);
   CHECK_THAT(offloaded.output, Catch::Contains("of which in host memory"));
   CHECK_THAT(offloaded.output,
              Catch::Contains("moved the optimizer state to host memory: without it no "
                              "recomputation fits the budget"));
-  const auto below = run({"--plan-only", "--set", "budget.gpu_memory=\"512MiB\"", "--set",
-                          "train.offload=\"auto\"", job.string()},
-                         {}, d.path / "log5");
+  // The host link it is costed at: 20 GB/s without the rank map's PCIe figure, else 0.75 of it;
+  // the state's 1.39 GiB (1.494 GB) each way takes 74.7 ms at 20 GB/s and 31.1 ms at 48.
+  CHECK_THAT(offloaded.output,
+             Catch::Contains("over 74.7 ms per optimizer step, at 20 GB/s each way"));
+  const auto gen5 = run({"--plan-only", "--set", "budget.gpu_memory=\"5GiB\"", job.string()},
+                        {{"TOPOLAUNCH_GPU_PCIE_GBYTES_PER_S", "64.0"}}, d.path / "log6");
+  CHECK(gen5.exit_code == 0);
+  CHECK_THAT(gen5.output, Catch::Contains("over 31.1 ms per optimizer step, at 48 GB/s each way"));
+  const auto garbled = run({"--plan-only", "--set", "budget.gpu_memory=\"5GiB\"", job.string()},
+                           {{"TOPOLAUNCH_GPU_PCIE_GBYTES_PER_S", "fast"}}, d.path / "log7");
+  CHECK(garbled.exit_code == 2);
+  CHECK_THAT(
+      garbled.output,
+      Catch::Contains("TOPOLAUNCH_GPU_PCIE_GBYTES_PER_S=fast: not a positive number of GB/s"));
+  const auto below = run({"--plan-only", "--set", "budget.gpu_memory=\"512MiB\"", job.string()}, {},
+                         d.path / "log5");
   CHECK(below.exit_code == 2);
   CHECK_THAT(below.output, Catch::Contains("below the parameters and gradients"));
 }

@@ -229,7 +229,7 @@ TEST_CASE("llama and sharding keys: read, checked where they are written") {
   CHECK(error_of("[train]\nshard = \"zero3\"\n") ==
         "job.toml:2:9: train.shard: \"zero3\" is not one of \"none\", \"optimizer\", "
         "\"gradients\", \"parameters\", \"auto\"");
-  CHECK(defaults->train.offload == OffloadSetting::none);
+  CHECK(defaults->train.offload == OffloadSetting::automatic);
   CHECK(parse_job_config("[train]\noffload = \"auto\"\n", "job.toml")->train.offload ==
         OffloadSetting::automatic);
   CHECK(parse_job_config("[train]\noffload = \"optimizer\"\nhost_link_gbytes_per_s = 50.0\n",

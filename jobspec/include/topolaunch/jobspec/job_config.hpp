@@ -157,9 +157,9 @@ enum class TrainPrecision { fp32, bf16, fp8 };
 enum class ShardSetting { none, optimizer, gradients, parameters, automatic };
 
 // [train] offload: where the optimizer state (AdamW's moments, the fp32 master weights) lives on
-// a GPU: "none" (device memory, the default), "optimizer" (host memory, pinned and mapped: AdamW
-// reads and writes it over the host link once per optimizer step), or "auto": host memory only when
-// the memory budget needs it and that costs less than the recomputation it saves.
+// a GPU: "none" (device memory), "optimizer" (host memory, pinned and mapped: AdamW reads and
+// writes it over the host link once per optimizer step), or "auto" (the default): host memory only
+// when the memory budget needs it and that costs less than the recomputation it saves.
 enum class OffloadSetting { none, optimizer, automatic };
 
 struct AdamWSpec {
@@ -193,9 +193,9 @@ struct TrainSpec {
   // backend's plan; the CPU backend can only --plan-only it).
   TrainPrecision precision = TrainPrecision::fp32;
   ShardSetting shard = ShardSetting::none;
-  OffloadSetting offload = OffloadSetting::none;
-  // The host link offload's cost is computed at (GB/s each way); 0: 20, a PCIe link as the GPU's
-  // kernels reach pinned host memory through it.
+  OffloadSetting offload = OffloadSetting::automatic;
+  // The host link offload's cost is computed at (GB/s each way); 0: 0.75 x the GPU's PCIe link as
+  // the rank map gives it (TOPOLAUNCH_GPU_PCIE_GBYTES_PER_S), else 20.
   double host_link_gbytes_per_s = 0;
   // Cost model of the communication plan; 0 = by precision: fp32 (CPU over TCP) 2 GB/s, 50 us,
   // 10 GFLOP/s; bf16 (H200 + NCCL, measured in research/static_graph.md) 300 GB/s, 45 us, 400
