@@ -716,16 +716,12 @@ Result<Plan> compile_plan(Graph graph, const PlanOptions& opt) {
     plan.optimizer_offloaded = offloaded;
     plan.offload_ms = offloaded ? offload_ms(best.memory) : 0.0;
   };
-  auto ms_text = [](double ms) {
+  auto figure = [](double value, const char* unit) {
     char b[32];
-    std::snprintf(b, sizeof b, "%.3g ms", ms);
+    std::snprintf(b, sizeof b, "%.3g %s", value, unit);
     return std::string(b);
   };
-  auto gbytes_text = [](double gbytes_per_s) {
-    char b[32];
-    std::snprintf(b, sizeof b, "%.3g GB/s", gbytes_per_s);
-    return std::string(b);
-  };
+  auto ms_text = [&](double ms) { return figure(ms, "ms"); };
 
   if (opt.offload == OffloadMode::optimizer) {
     take(fit(realize({}, mode, true), true), true);
@@ -755,7 +751,7 @@ Result<Plan> compile_plan(Graph graph, const PlanOptions& opt) {
                          : "without it no recomputation fits the budget") +
             (offload ? " (" + format_bytes(on_host.realized.memory.host_bytes) + " over " +
                            ms_text(offload_ms(on_host.realized.memory)) +
-                           " per optimizer step, at " + gbytes_text(opt.host_link_gbytes_per_s) +
+                           " per optimizer step, at " + figure(opt.host_link_gbytes_per_s, "GB/s") +
                            " each way: train.host_link_gbytes_per_s)"
                      : "");
       if (offload)

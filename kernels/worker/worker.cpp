@@ -61,14 +61,14 @@ std::string fmt(const char* f, auto... args) {
 // The host link an optimizer-state offload is costed at when [train] host_link_gbytes_per_s is 0:
 // the share of the GPU's PCIe capability (the rank map's TOPOLAUNCH_GPU_PCIE_GBYTES_PER_S) that
 // AdamW on mapped host memory reached on an H100 (47.7 of Gen5 x16's 63.0 GB/s each way,
-// docs/gpu-runs.md); without the variable 20, a Gen4 x16 link's practical rate.
+// docs/gpu-runs.md); without the variable `unknown` (PlanOptions' 20, a Gen4 x16 link's
+// practical rate).
 constexpr double kHostLinkShareOfPcie = 0.75;
-constexpr double kHostLinkUnknownGbytesPerS = 20.0;
 
-Result<double> default_host_link_gbytes_per_s() {
+Result<double> default_host_link_gbytes_per_s(double unknown) {
   const char* name = jobspec::env::kGpuPcieGbytesPerS;
   const auto text = env_value(name);
-  if (!text) return kHostLinkUnknownGbytesPerS;
+  if (!text) return unknown;
   double v = 0;
   const char* end = text->data() + text->size();
   const auto [p, ec] = std::from_chars(text->data(), end, v);
@@ -617,9 +617,10 @@ int run_worker(const WorkerOptions& o, std::ostream& out, std::ostream& err) {
       po.offload = OffloadMode::automatic;
       break;
   }
-  po.host_link_gbytes_per_s = c.train.host_link_gbytes_per_s;
-  if (po.host_link_gbytes_per_s <= 0) {
-    auto link = gpu ? default_host_link_gbytes_per_s() : Result<double>(kHostLinkUnknownGbytesPerS);
+  if (c.train.host_link_gbytes_per_s > 0) {
+    po.host_link_gbytes_per_s = c.train.host_link_gbytes_per_s;
+  } else if (gpu) {  // the CPU backend never offloads
+    auto link = default_host_link_gbytes_per_s(po.host_link_gbytes_per_s);
     if (!link) return fail(link.error());
     po.host_link_gbytes_per_s = *link;
   }
