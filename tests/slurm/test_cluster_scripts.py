@@ -11,6 +11,7 @@ its pid files. Prints PASS/FAIL per case with the seconds it took; exit 1 when a
 """
 import argparse
 import os
+import random
 import shutil
 import signal
 import socket
@@ -30,6 +31,16 @@ def check(condition, message):
 
 
 def port_free(port):
+    """Nothing binds `port` and no TCP socket, in any state, uses it (cluster-start's port_taken
+    reads /proc/net/tcp{,6} the same way: a TIME_WAIT that bind() would allow counts)."""
+    needle = ":%04X" % port
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            with open(table) as f:
+                if any(line.split()[1].endswith(needle) for line in f.readlines()[1:]):
+                    return False
+        except OSError:
+            pass
     probe = socket.socket()
     probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
@@ -43,16 +54,27 @@ def port_free(port):
 
 def hold_port_with_free_neighbours(attempts=50):
     """A listening socket on a port P whose neighbours P-2..P+2 are free: the cluster's range
-    (base P-2, five ports) then fails on P alone, whatever else the machine listens on."""
+    (base P-2, five ports) then fails on P alone, whatever else the machine listens on. P is
+    outside the ephemeral range (ip_local_port_range), as cluster-start's own ranges are: there
+    no outgoing connection of a test running beside this one takes a neighbour between this
+    check and cluster-start's."""
+    with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+        low, high = (int(v) for v in f.read().split())
+    lo, hi = (10002, low - 3) if low - 3 > 10102 else (high + 3, 65530)
+    rng = random.Random()
     for _ in range(attempts):
+        taken = rng.randrange(lo, hi)
+        if not all(port_free(taken + d) for d in (-2, -1, 0, 1, 2)):
+            continue
         holder = socket.socket()
         holder.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        holder.bind(("0.0.0.0", 0))
-        taken = holder.getsockname()[1]
-        if taken > 1026 and all(port_free(taken + d) for d in (-2, -1, 1, 2)):
-            holder.listen()
-            return holder, taken
-        holder.close()
+        try:
+            holder.bind(("0.0.0.0", taken))
+        except OSError:
+            holder.close()
+            continue
+        holder.listen()
+        return holder, taken
     raise Failure("no port with four free neighbours in %d tries" % attempts)
 
 
